@@ -1,0 +1,163 @@
+"""The ``workshop`` command: run the engine, open the lab, execute notebooks, rebuild the models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from helpers.engine import EngineError, LocalEngine, make_engine
+from helpers.session import EndpointError, check_endpoint, connect
+from helpers.settings import SettingsError, load_settings
+
+
+def _engine_or_fail():
+    settings = load_settings()
+    return settings, make_engine(settings)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the engine for the profile (or find the running one) and print the endpoint."""
+    settings, engine = _engine_or_fail()
+    if not isinstance(engine, LocalEngine):
+        served = check_endpoint(settings, settings.model)
+        print(f"external endpoint {settings.base_url} serves {served}; nothing to start")
+        return 0
+    start = time.monotonic()
+    already = engine.is_ready()
+    engine.start(timeout_s=args.timeout)
+    verb = "already running" if already else f"ready after {time.monotonic() - start:.1f} s"
+    print(f"engine {verb}: {settings.base_url} serving {engine.model!r} (pid {engine.pid})")
+    print(f"log: {engine.log_path()}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the local engine."""
+    _, engine = _engine_or_fail()
+    if isinstance(engine, LocalEngine) and engine.pid is None:
+        print("no local engine is running")
+        return 0
+    engine.stop()
+    print("engine stopped")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Endpoint, model, flags and readiness (no secrets)."""
+    _, engine = _engine_or_fail()
+    status = engine.status()
+    if isinstance(engine, LocalEngine):
+        status["pid"] = engine.pid
+    if args.json:
+        print(json.dumps(status, indent=1))
+    else:
+        for key, value in status.items():
+            print(f"{key:>12}: {' '.join(value) if isinstance(value, list) else value}")
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """Start the engine if needed, then JupyterLab on the notebooks."""
+    from helpers.notebooks import NOTEBOOK_DIR
+
+    if cmd_up(argparse.Namespace(timeout=None)) != 0:
+        return 1
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOK_DIR}", *args.jupyter_args]
+    print("starting JupyterLab:", " ".join(cmd[2:]))
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Execute notebooks headless against the engine; stop at the first error."""
+    from helpers.notebooks import NotebookRunError, parse_parameters, run_notebook, workshop_notebooks
+
+    paths = [Path(p) for p in args.notebooks] or workshop_notebooks()
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    connect(settings)  # start or find the engine once, before any kernel starts
+    parameters = parse_parameters(args.param)
+    for path in paths:
+        try:
+            run = run_notebook(path, Path(args.out), parameters, timeout_s=args.cell_timeout)
+        except NotebookRunError as err:
+            print(f"FAILED {err}", file=sys.stderr)
+            return 1
+        print(f"ok  {path.name}  {run.seconds:.1f} s  -> {run.output}")
+    return 0
+
+
+def cmd_build_model(args: argparse.Namespace) -> int:
+    """Rebuild a tiny model from its seed (see helpers/tiny_models.py)."""
+    from helpers.tiny_models import train
+
+    record = train(Path(args.out), args.steps, batch_size=args.batch_size, seed=args.seed)
+    print(f"trained {record['params']:,} parameters in {record['train_seconds']:.0f} s -> {args.out}")
+    return 0
+
+
+def cmd_heldout(args: argparse.Namespace) -> int:
+    """Measure the served model's tool calls on held-out phrasings."""
+    from helpers.toolcall_eval import evaluate
+
+    lab = connect()
+    rows, summary = evaluate(lab, n_per_kind=args.n)
+    print(json.dumps(summary, indent=1))
+    if args.csv:
+        rows.to_csv(args.csv, index=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workshop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("up", help=cmd_up.__doc__)
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for readiness")
+    p.set_defaults(func=cmd_up)
+    sub.add_parser("down", help=cmd_down.__doc__).set_defaults(func=cmd_down)
+    p = sub.add_parser("status", help=cmd_status.__doc__)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("lab", help=cmd_lab.__doc__)
+    p.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed to JupyterLab (e.g. --no-browser)")
+    p.set_defaults(func=cmd_lab)
+    p = sub.add_parser("run", help=cmd_run.__doc__)
+    p.add_argument("notebooks", nargs="*", help="notebook paths (default: all numbered notebooks)")
+    p.add_argument("-p", "--param", action="append", default=[], help="override a parameter: NAME=VALUE")
+    p.add_argument("--out", default=str(Path("build") / "executed"), help="where executed copies go")
+    p.add_argument("--cell-timeout", type=int, default=1800)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("build-model", help=cmd_build_model.__doc__)
+    p.add_argument("--out", default="models/tiny-agent")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_build_model)
+    p = sub.add_parser("heldout", help=cmd_heldout.__doc__)
+    p.add_argument("--n", type=int, default=20, help="cases per kind")
+    p.add_argument("--csv", default=None, help="write per-case rows here")
+    p.set_defaults(func=cmd_heldout)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SettingsError, EngineError, EndpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

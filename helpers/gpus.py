@@ -1,0 +1,116 @@
+"""GPU specifications for planning and rooflines: one table, every figure next to its source.
+
+Throughput figures are DENSE tensor-core peaks (datasheets also print "with sparsity" figures,
+twice these). Memory is the datasheet capacity in decimal bytes; the driver reports a slightly
+different total, so pass the measured total (``torch.cuda.mem_get_info()``) when you plan for a
+GPU you have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator: memory, bandwidth and dense peak throughput, each with its source."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_gb_s: float
+    bf16_tflops: float
+    fp8_tflops: float | None  # None: no FP8 tensor cores (compute capability < 8.9)
+    memory_source: str
+    bandwidth_source: str
+    bf16_source: str
+    fp8_source: str
+    note: str = ""
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """Memory bandwidth in bytes per second."""
+        return self.bandwidth_gb_s * 1e9
+
+    def peak_flops(self, compute_dtype: str = "bf16") -> float:
+        """Dense peak in FLOP/s for ``compute_dtype`` ("bf16" or "fp8")."""
+        if compute_dtype == "bf16":
+            return self.bf16_tflops * 1e12
+        if compute_dtype == "fp8":
+            if self.fp8_tflops is None:
+                raise ValueError(f"{self.name} has no FP8 tensor cores: use compute_dtype='bf16'")
+            return self.fp8_tflops * 1e12
+        raise ValueError(f"unknown compute_dtype {compute_dtype!r}: use 'bf16' or 'fp8'")
+
+
+_GB = 10**9
+
+# Dense figures are half the datasheets' "with sparsity" numbers.
+GPUS: tuple[GPU, ...] = (
+    GPU("L4", 24 * _GB, 300, 121, 242,
+        "NVIDIA L4 datasheet: 24GB GDDR6", "NVIDIA L4 datasheet: 300 GB/s",
+        "NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity, 121 dense",
+        "NVIDIA L4 datasheet: FP8 485 TFLOPS with sparsity, 242 dense"),
+    GPU("L40S", 48 * _GB, 864, 362, 733,
+        "NVIDIA L40S datasheet: 48GB GDDR6", "NVIDIA L40S datasheet: 864 GB/s",
+        "NVIDIA L40S datasheet: BF16 733 TFLOPS with sparsity, 362 dense",
+        "NVIDIA L40S datasheet: FP8 1,466 TFLOPS with sparsity, 733 dense"),
+    GPU("A10G", 24 * _GB, 600, 70, None,
+        "AWS EC2 G5 instance page: 24 GB per A10G", "AWS EC2 G5 instance page: 600 GB/s",
+        "model-math.md: ~70 dense (AWS variant; NVIDIA publishes no A10G datasheet)",
+        "none: Ampere has no FP8 tensor cores", note="no FP8 (Ampere)"),
+    GPU("A100 40GB SXM", 40 * _GB, 1555, 312, None,
+        "NVIDIA A100 datasheet: 40GB HBM2", "NVIDIA A100 datasheet (40GB SXM): 1,555 GB/s",
+        "NVIDIA A100 datasheet: BF16 312 TFLOPS dense (624 with sparsity)",
+        "none: Ampere has no FP8 tensor cores", note="INT8 624 TOPS dense"),
+    GPU("A100 80GB SXM", 80 * _GB, 2039, 312, None,
+        "NVIDIA A100 datasheet: 80GB HBM2e", "NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s",
+        "NVIDIA A100 datasheet: BF16 312 TFLOPS dense (624 with sparsity)",
+        "none: Ampere has no FP8 tensor cores"),
+    GPU("H100 SXM", 80 * _GB, 3350, 989, 1979,
+        "NVIDIA H100 datasheet (SXM): 80GB", "NVIDIA H100 datasheet (SXM): 3.35 TB/s",
+        "NVIDIA H100 datasheet (SXM): BF16 1,979 TFLOPS with sparsity, 989 dense",
+        "NVIDIA H100 datasheet (SXM): FP8 3,958 TFLOPS with sparsity, 1,979 dense"),
+    GPU("H100 PCIe", 80 * _GB, 2000, 756, 1513,
+        "NVIDIA H100 datasheet (PCIe): 80GB", "NVIDIA H100 datasheet (PCIe): 2 TB/s",
+        "NVIDIA H100 datasheet (PCIe): BF16 1,513 TFLOPS with sparsity, 756 dense",
+        "NVIDIA H100 datasheet (PCIe): FP8 3,026 TFLOPS with sparsity, 1,513 dense"),
+    GPU("H200", 141 * _GB, 4800, 989, 1979,
+        "NVIDIA H200 datasheet (SXM): 141GB HBM3e", "NVIDIA H200 datasheet (SXM): 4.8 TB/s",
+        "NVIDIA H200 datasheet (SXM): BF16 1,979 TFLOPS with sparsity, 989 dense",
+        "NVIDIA H200 datasheet (SXM): FP8 3,958 TFLOPS with sparsity, 1,979 dense"),
+    GPU("B200", 180 * _GB, 8000, 2250, 4500,
+        "NVIDIA HGX B200 datasheet: 180GB HBM3e per GPU", "NVIDIA HGX B200 datasheet: 8 TB/s per GPU",
+        "NVIDIA HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity, 2,250 TFLOPS dense per GPU",
+        "NVIDIA HGX B200 datasheet: FP8 9 PFLOPS with sparsity, 4,500 TFLOPS dense per GPU",
+        note="FP4 9,000 TFLOPS dense"),
+    GPU("RTX 4000 Ada", 20 * _GB, 360, 107, 214,
+        "NVIDIA RTX 4000 Ada datasheet: 20GB GDDR6", "NVIDIA RTX 4000 Ada datasheet: 360 GB/s",
+        "model-math.md: ~107 dense, derived (the datasheet prints no dense BF16 figure)",
+        "model-math.md: ~214 dense, derived", note="the GPU of a known public workshop"),
+    GPU("RTX 4090", 24 * _GB, 1008, 165, 330,
+        "NVIDIA RTX 4090 specifications: 24GB GDDR6X", "NVIDIA Ada Lovelace whitepaper (RTX 4090): 1,008 GB/s",
+        "NVIDIA Ada Lovelace whitepaper (RTX 4090): BF16 with FP32 accumulate 165 TFLOPS dense",
+        "NVIDIA Ada Lovelace whitepaper (RTX 4090): FP8 with FP32 accumulate 330 TFLOPS dense"),
+)
+
+
+class UnknownGPUError(LookupError):
+    """Raised for a GPU name that is not in the table."""
+
+
+def _key(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def gpu_names() -> list[str]:
+    """Names of the GPUs in the table, in table order."""
+    return [g.name for g in GPUS]
+
+
+def get_gpu(name: str) -> GPU:
+    """The table entry for ``name``, ignoring case, spaces and hyphens ("h100-sxm" finds "H100 SXM")."""
+    wanted = _key(name)
+    for gpu in GPUS:
+        if _key(gpu.name) == wanted:
+            return gpu
+    raise UnknownGPUError(f"unknown GPU {name!r}: known GPUs are {', '.join(gpu_names())}")

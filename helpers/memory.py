@@ -1,0 +1,797 @@
+"""Memory planner from a model's config.json: parameters, weight bytes, KV cache, vLLM's KV budget.
+
+A model is given as a directory holding ``config.json`` (and maybe ``*.safetensors`` or
+``model.safetensors.index.json``), a path to a ``config.json``, or an already parsed dict.
+Only the text model counts: a vision-language config's ``text_config`` is planned, its vision
+tower is not. DeepSeek's multi-token-prediction layers (``num_nextn_predict_layers``) are not
+counted either: vLLM loads them only for speculative decoding.
+
+Formulas: shared/reference/model-math.md. vLLM's accounting was read in vLLM's own source (cited
+where it is used), so that a prediction for the CPU backend matches ``vllm:cache_config_info``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+ModelSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+GIB = 1 << 30  # vLLM's GiB_bytes (vllm/utils/mem_constants.py)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization (0.9 before)
+GPU_BLOCK_SIZE = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
+CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py, when the user does not choose one
+CPU_MLA_BLOCK_SIZE = 16  # vllm/platforms/cpu.py forces 16 for the reference CPU MLA kernel (no AMX)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # CPU default; GPU defaults depend on the GPU and entry point
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """Bits per weight of a format for the linear layers of the decoder blocks, with its source."""
+
+    name: str
+    bits_per_weight: Fraction
+    source: str
+
+
+# Embeddings, LM head, norms, routers and biases stay BF16 in real checkpoints of every format.
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    "bf16": WeightFormat("bf16", Fraction(16), "2 bytes per weight"),
+    "fp8": WeightFormat("fp8", Fraction(8) + Fraction(32, 128 * 128),
+                        "FP8 E4M3 with one FP32 scale per 128x128 block (DeepSeek-V3, Qwen3-FP8): ~8.002"),
+    "int8": WeightFormat("int8", Fraction(8), "INT8 with per-channel scales (scales negligible): ~8"),
+    "int4": WeightFormat("int4", Fraction(4) + Fraction(16 + 4, 128),
+                         "GPTQ/AWQ int4, group 128: FP16 scale + 4-bit zero point per 128 weights: ~4.16"),
+    "nvfp4": WeightFormat("nvfp4", Fraction(4) + Fraction(8, 16),
+                          "NVFP4: FP8 E4M3 scale per 16 weights (+ one FP32 global scale): 4.5"),
+    "mxfp4": WeightFormat("mxfp4", Fraction(4) + Fraction(8, 32),
+                          "MXFP4 (OCP MX): E8M0 scale per 32 weights: 4.25"),
+}
+
+KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+STATE_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# Rough defaults for what vLLM keeps outside the KV cache besides the weights. vLLM measures these at
+# start-up (vllm/v1/worker/gpu_worker.py determine_available_memory: a profiling forward pass over
+# max_num_batched_tokens, memory allocated outside torch, a CUDA-graph estimate) and logs
+# "Available KV cache memory"; replace these with the figures your own start-up log prints.
+NON_TORCH_BYTES = GIB // 2  # NCCL, cuBLAS workspaces, attention-backend buffers: typically 0.1-0.5 GiB
+CUDA_GRAPH_BYTES = GIB // 2  # captured CUDA graphs: typically 0.2-1 GiB (0 with --enforce-eager)
+DEFAULT_MAX_NUM_SEQS = 256  # the sampler's dummy batch in the profiling run
+
+
+class ConfigError(ValueError):
+    """A model config that is missing, unreadable or lacks a field the planner needs."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the config
+
+
+def load_config(source: ModelSource) -> dict[str, Any]:
+    """The parsed config.json of a model directory, a config.json path, or a dict (returned as is)."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}: pass a model directory holding config.json or the file itself")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}): download the model's config.json again") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not an object: is it a config.json?")
+    return config
+
+
+def _model_name(source: ModelSource, config: Mapping[str, Any]) -> str:
+    if isinstance(source, Mapping):
+        return str(config.get("_name_or_path") or config.get("model_type") or "model")
+    path = Path(source)
+    if path.is_dir() or path.name == "config.json":
+        return (path if path.is_dir() else path.parent).resolve().name
+    return path.stem
+
+
+def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The text model's fields: ``text_config`` over the top level, for vision-language configs."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        top = {k: v for k, v in config.items() if k not in ("text_config", "vision_config", "audio_config")}
+        return {**top, **text}
+    return dict(config)
+
+
+def _require(cfg: Mapping[str, Any], key: str) -> Any:
+    value = cfg.get(key)
+    if value is None:
+        raise ConfigError(f"config.json lacks {key!r}, which the planner needs: is this a decoder LLM config?")
+    return value
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention dimensions (DeepSeek-V2/V3, Kimi K2)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class LinearAttentionShape:
+    """Gated DeltaNet linear-attention dimensions (Qwen3-Next, Qwen3.5)."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_size: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution over q, k and v."""
+        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+
+
+_LAYER_KINDS = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding",
+                "linear_attention": "linear"}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture fields of a decoder LLM that memory planning needs."""
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    layer_kinds: tuple[str, ...]  # per layer: "full", "sliding" or "linear"
+    moe_layers: tuple[bool, ...]  # per layer: routed experts replace the dense MLP
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # total width of the shared expert(s)
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    attn_output_gate: bool = False
+    sliding_window: int | None = None
+    max_position_embeddings: int | None = None
+    mla: MLAShape | None = None
+    linear_attention: LinearAttentionShape | None = None
+    quantization_config: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return sum(self.moe_layers)
+
+
+def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != num_layers:
+            raise ConfigError(f"config.json has {len(layer_types)} layer_types for {num_layers} layers: fix the config")
+        unknown = sorted({t for t in layer_types if t not in _LAYER_KINDS})
+        if unknown:
+            raise ConfigError(f"unknown layer_types {unknown}: the planner knows {sorted(_LAYER_KINDS)}")
+        return tuple(_LAYER_KINDS[t] for t in layer_types)
+    if cfg.get("full_attention_interval"):  # Qwen3-Next: every n-th layer is full attention
+        n = int(cfg["full_attention_interval"])
+        return tuple("full" if (i + 1) % n == 0 else "linear" for i in range(num_layers))
+    if cfg.get("sliding_window") and cfg.get("sliding_window_pattern"):  # Gemma 3 before layer_types
+        n = int(cfg["sliding_window_pattern"])
+        return tuple("full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers))
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):  # e.g. Mistral-7B-v0.1
+        return ("sliding",) * num_layers
+    return ("full",) * num_layers
+
+
+def _moe_layers(cfg: Mapping[str, Any], num_layers: int, num_experts: int) -> tuple[bool, ...]:
+    if num_experts <= 0:
+        return (False,) * num_layers
+    mlp_only = set(cfg.get("mlp_only_layers") or [])  # Qwen-MoE
+    step = int(cfg.get("decoder_sparse_step") or 1)  # Qwen-MoE: every step-th layer is sparse
+    first_dense = int(cfg.get("first_k_dense_replace") or 0)  # DeepSeek: the first k layers are dense
+    freq = int(cfg.get("moe_layer_freq") or 1)  # DeepSeek
+    return tuple(i not in mlp_only and (i + 1) % step == 0 and i >= first_dense and i % freq == 0
+                 for i in range(num_layers))
+
+
+def model_shape(source: ModelSource | ModelShape) -> ModelShape:
+    """Parse the architecture of a model directory, config.json path or dict (a ModelShape passes through)."""
+    if isinstance(source, ModelShape):
+        return source
+    top = load_config(source)
+    cfg = _text_config(top)
+    model_type = str(cfg.get("model_type") or "")
+    num_layers = int(_require(cfg, "num_hidden_layers"))
+    hidden = int(_require(cfg, "hidden_size"))
+    num_heads = int(_require(cfg, "num_attention_heads"))
+    num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
+    head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+    num_experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)
+    moe_layers = _moe_layers(cfg, num_layers, num_experts)
+    kinds = _layer_kinds(cfg, num_layers)
+    dense_needed = not all(moe_layers)
+    intermediate = int(cfg.get("intermediate_size") or 0)
+    if dense_needed and intermediate <= 0:
+        raise ConfigError("config.json lacks 'intermediate_size', which the planner needs for the dense MLP layers")
+
+    mla = None
+    if cfg.get("kv_lora_rank"):
+        mla = MLAShape(
+            q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+            kv_lora_rank=int(cfg["kv_lora_rank"]),
+            qk_rope_head_dim=int(_require(cfg, "qk_rope_head_dim")),
+            qk_nope_head_dim=int(_require(cfg, "qk_nope_head_dim")),
+            v_head_dim=int(_require(cfg, "v_head_dim")),
+        )
+    linear = None
+    if "linear" in kinds:
+        linear = LinearAttentionShape(
+            num_key_heads=int(_require(cfg, "linear_num_key_heads")),
+            num_value_heads=int(_require(cfg, "linear_num_value_heads")),
+            key_head_dim=int(_require(cfg, "linear_key_head_dim")),
+            value_head_dim=int(_require(cfg, "linear_value_head_dim")),
+            conv_kernel_size=int(_require(cfg, "linear_conv_kernel_dim")),
+        )
+
+    moe_inter = shared_inter = experts_per_token = 0
+    if num_experts:
+        moe_inter = int(cfg.get("moe_intermediate_size") or intermediate)  # Mixtral: intermediate_size
+        experts_per_token = int(_require(cfg, "num_experts_per_tok"))
+        if cfg.get("n_shared_experts"):  # DeepSeek: n shared experts of moe_intermediate_size each
+            shared_inter = int(cfg["n_shared_experts"]) * moe_inter
+        shared_inter += int(cfg.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE, Qwen3-Next
+
+    # Llama-style attention_bias puts biases on q, k, v and o; Qwen2 has q/k/v biases without the flag.
+    if "attention_bias" in cfg:
+        qkv_bias = o_bias = bool(cfg["attention_bias"])
+    else:
+        qkv_bias, o_bias = model_type.startswith("qwen2"), False
+    gemma_like = model_type.startswith(("gemma2", "gemma3"))
+    return ModelShape(
+        name=_model_name(source, top),
+        model_type=model_type,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        vocab_size=int(_require(cfg, "vocab_size")),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        layer_kinds=kinds,
+        moe_layers=moe_layers,
+        num_experts=num_experts,
+        experts_per_token=experts_per_token,
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter,
+        shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),  # Qwen: sigmoid gate Linear(H, 1)
+        router_bias=cfg.get("topk_method") == "noaux_tc",  # DeepSeek-V3: e_score_correction_bias
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=model_type.startswith("qwen3") or model_type.startswith("gemma3"),
+        norms_per_layer=4 if gemma_like else 2,
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type.startswith("qwen3_next"))),
+        sliding_window=int(cfg["sliding_window"]) if "sliding" in kinds else None,
+        max_position_embeddings=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
+        mla=mla,
+        linear_attention=linear,
+        quantization_config=top.get("quantization_config") or cfg.get("quantization_config"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of the text model: total, active per token, and what quantization can shrink."""
+
+    total: int
+    active: int
+    embedding: int  # input embedding, V*H
+    lm_head: int  # V*H, or 0 when tied to the embedding
+    linear_total: int  # linear-layer weights inside the decoder blocks: what weight quantization shrinks
+    linear_active: int
+    other: int  # norms, routers, biases, convolutions: kept in BF16
+    expert_params: int  # one routed expert of one layer (3*H*I_moe); 0 for dense models
+    num_moe_layers: int
+    num_experts: int
+    experts_per_token: int
+
+
+def _attention_params(s: ModelShape, kind: str) -> tuple[int, int]:
+    """(linear weights, other params) of one attention or linear-attention block."""
+    H = s.hidden_size
+    if kind == "linear":
+        la = s.linear_attention
+        assert la is not None
+        nk, nv, dk, dv = la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim
+        linear = H * (2 * nk * dk + 2 * nv * dv) + H * 2 * nv + nv * dv * H  # in_proj_qkvz, in_proj_ba, out_proj
+        other = la.conv_dim * la.conv_kernel_size + 2 * nv + dv  # conv1d (depthwise), dt_bias + A_log, gated norm
+        return linear, other
+    if s.mla is not None:
+        m, nh = s.mla, s.num_heads
+        qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q_linear, q_other = H * m.q_lora_rank + m.q_lora_rank * nh * qk_head, m.q_lora_rank  # + q_a_layernorm
+        else:
+            q_linear, q_other = H * nh * qk_head, 0
+        linear = (q_linear + H * (m.kv_lora_rank + m.qk_rope_head_dim)  # kv_a_proj_with_mqa
+                  + m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)  # kv_b_proj
+                  + nh * m.v_head_dim * H)  # o_proj
+        return linear, q_other + m.kv_lora_rank  # + kv_a_layernorm
+    q_out = s.num_heads * s.head_dim * (2 if s.attn_output_gate else 1)
+    kv_out = s.num_kv_heads * s.head_dim
+    linear = H * q_out + 2 * H * kv_out + s.num_heads * s.head_dim * H
+    other = (q_out + 2 * kv_out if s.qkv_bias else 0) + (H if s.o_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
+    return linear, other
+
+
+def _mlp_params(s: ModelShape, layer: int) -> tuple[int, int, int]:
+    """(linear weights total, linear weights active, other params) of one layer's MLP or MoE."""
+    H = s.hidden_size
+    if not s.moe_layers[layer]:
+        linear = 3 * H * s.intermediate_size  # gate, up, down
+        return linear, linear, (2 * s.intermediate_size + H if s.mlp_bias else 0)
+    expert = 3 * H * s.moe_intermediate_size
+    shared = 3 * H * s.shared_expert_intermediate_size
+    other = H * s.num_experts + (s.num_experts if s.router_bias else 0) + (H if s.shared_expert_gate else 0)
+    return s.num_experts * expert + shared, s.experts_per_token * expert + shared, other
+
+
+def count_params(source: ModelSource | ModelShape) -> ParamCounts:
+    """Total and active parameter counts from the config alone (no weights are read)."""
+    s = model_shape(source)
+    H = s.hidden_size
+    linear_total = linear_active = 0
+    other = H  # final norm
+    for i, kind in enumerate(s.layer_kinds):
+        a_linear, a_other = _attention_params(s, kind)
+        m_total, m_active, m_other = _mlp_params(s, i)
+        linear_total += a_linear + m_total
+        linear_active += a_linear + m_active
+        other += a_other + m_other + s.norms_per_layer * H
+    embedding = s.vocab_size * H
+    lm_head = 0 if s.tie_word_embeddings else s.vocab_size * H
+    fixed = embedding + lm_head + other
+    return ParamCounts(
+        total=fixed + linear_total,
+        active=fixed + linear_active,
+        embedding=embedding,
+        lm_head=lm_head,
+        linear_total=linear_total,
+        linear_active=linear_active,
+        other=other,
+        expert_params=3 * H * s.moe_intermediate_size if s.num_experts else 0,
+        num_moe_layers=s.num_moe_layers,
+        num_experts=s.num_experts,
+        experts_per_token=s.experts_per_token,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight bytes
+
+
+def weight_format(weight_dtype: str) -> WeightFormat:
+    """The WeightFormat named ``weight_dtype`` (bf16, fp8, int8, int4, nvfp4, mxfp4)."""
+    try:
+        return WEIGHT_FORMATS[weight_dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown weight dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_FORMATS)}") from None
+
+
+def linear_weight_bytes(num_params: int, weight_dtype: str) -> int:
+    """Bytes of ``num_params`` linear-layer weights stored in ``weight_dtype``, scales included."""
+    return math.ceil(num_params * weight_format(weight_dtype).bits_per_weight / 8)
+
+
+def weight_bytes(source: ModelSource | ModelShape | ParamCounts, weight_dtype: str = "bf16") -> int:
+    """Estimated checkpoint bytes: linear layers in ``weight_dtype``, embeddings/LM head/norms in BF16."""
+    counts = source if isinstance(source, ParamCounts) else count_params(source)
+    return linear_weight_bytes(counts.linear_total, weight_dtype) + 2 * (counts.total - counts.linear_total)
+
+
+def active_weight_bytes(source: ModelSource | ModelShape | ParamCounts, weight_dtype: str = "bf16") -> int:
+    """Bytes of the parameters one token touches (all of them for a dense model)."""
+    counts = source if isinstance(source, ParamCounts) else count_params(source)
+    return linear_weight_bytes(counts.linear_active, weight_dtype) + 2 * (counts.active - counts.linear_active)
+
+
+def infer_weight_dtype(source: ModelSource | ModelShape) -> str:
+    """The weight format a checkpoint declares in its ``quantization_config`` ("bf16" when none)."""
+    q = model_shape(source).quantization_config
+    if not q:
+        return "bf16"
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8"
+    if method == "mxfp4":
+        return "mxfp4"
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin") and int(q.get("bits", 4)) in (4, 8):
+        return "int4" if int(q.get("bits", 4)) == 4 else "int8"
+    if method == "modelopt" and str(q.get("quant_algo", "")).upper() in ("NVFP4", "FP8"):
+        return str(q["quant_algo"]).lower()
+    if method == "compressed-tensors":
+        for group in (q.get("config_groups") or {}).values():
+            weights = group.get("weights") or {}
+            bits, kind = weights.get("num_bits"), weights.get("type")
+            if bits == 8:
+                return "fp8" if kind == "float" else "int8"
+            if bits == 4:
+                return "nvfp4" if kind == "float" else "int4"
+    raise ConfigError(f"cannot tell the weight format of quantization_config {dict(q)}: "
+                      f"pass a weight dtype ({', '.join(WEIGHT_FORMATS)})")
+
+
+@dataclass(frozen=True)
+class CheckpointBytes:
+    """Exact tensor bytes of a safetensors checkpoint, read from the file headers only."""
+
+    total_bytes: int
+    bytes_by_dtype: dict[str, int]
+    num_tensors: int
+    files: tuple[str, ...]
+    source: str  # "safetensors headers" or "model.safetensors.index.json metadata.total_size"
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON header of a safetensors file: {tensor name: {dtype, shape, data_offsets}} (no tensor is read)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ConfigError(f"{path} is too short for a safetensors file: download it again")
+        (header_len,) = struct.unpack("<Q", raw)  # 8-byte little-endian header length
+        if header_len > path.stat().st_size - 8:
+            raise ConfigError(f"{path} has a header longer than the file: it is truncated or not safetensors")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path} has an unreadable safetensors header ({exc})") from exc
+    return header
+
+
+def safetensors_bytes(source: str | os.PathLike[str]) -> CheckpointBytes | None:
+    """Exact tensor bytes of the *.safetensors in a directory (or one file); None when there are none.
+
+    With only ``model.safetensors.index.json`` present (no shards), its ``metadata.total_size`` is used.
+    """
+    path = Path(source)
+    if path.is_file() and path.suffix == ".safetensors":
+        files = [path]
+    elif path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+    else:
+        return None
+    if not files:
+        index = path / "model.safetensors.index.json" if path.is_dir() else None
+        if index is not None and index.is_file():
+            meta = json.loads(index.read_text()).get("metadata") or {}
+            if "total_size" in meta:
+                return CheckpointBytes(int(meta["total_size"]), {}, 0, (index.name,),
+                                       "model.safetensors.index.json metadata.total_size")
+        return None
+    by_dtype: dict[str, int] = {}
+    count = 0
+    for file in files:
+        for name, info in read_safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + (end - start)
+            count += 1
+    return CheckpointBytes(sum(by_dtype.values()), by_dtype, count, tuple(f.name for f in files), "safetensors headers")
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache
+
+
+@dataclass(frozen=True)
+class KVCacheBytes:
+    """KV-cache bytes of one sequence: per token for full attention, bounded for the other layer kinds."""
+
+    kv_dtype: str
+    bytes_per_token: int  # all full-attention (or MLA) layers: grows with every token of the sequence
+    layer_bytes_per_token: int  # one full- or sliding-attention layer
+    num_full_layers: int
+    num_sliding_layers: int
+    sliding_window: int | None
+    sliding_bytes_per_token: int  # all sliding-window layers, per token inside the window
+    num_linear_layers: int
+    linear_state_bytes_per_seq: int  # all linear-attention layers: a fixed state, whatever the length
+    mla: bool
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when every layer is full attention, the case vLLM's accounting is modelled exactly for."""
+        return self.num_sliding_layers == 0 and self.num_linear_layers == 0
+
+    def sliding_tokens_per_seq(self, seq_tokens: int, max_in_flight_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> int:
+        """Tokens a sliding-window layer holds for one sequence: min(len, window - 1 + in-flight tokens)."""
+        if self.sliding_window is None:
+            return 0
+        return min(seq_tokens, self.sliding_window - 1 + max_in_flight_tokens)
+
+    def bytes_per_sequence(self, seq_tokens: int, max_in_flight_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> int:
+        """KV bytes one sequence of ``seq_tokens`` holds, all layer kinds together (no block rounding)."""
+        sliding = self.sliding_tokens_per_seq(seq_tokens, max_in_flight_tokens) * self.sliding_bytes_per_token
+        return seq_tokens * self.bytes_per_token + sliding + self.linear_state_bytes_per_seq
+
+
+def kv_dtype_bytes(kv_dtype: str) -> int:
+    """Bytes per element of a KV-cache dtype (bf16 2, fp8 1)."""
+    try:
+        return KV_DTYPE_BYTES[kv_dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}") from None
+
+
+def kv_cache_bytes(source: ModelSource | ModelShape, kv_dtype: str = "bf16", tensor_parallel_size: int = 1,
+                   state_dtype: str = "bf16") -> KVCacheBytes:
+    """KV bytes per token (GQA: 2*nkv*hd*bytes per layer; MLA: (kv_lora_rank + rope dim)*bytes, no 2).
+
+    Per tensor-parallel rank: ``max(1, nkv // tp)`` KV heads (MLA's latent is replicated on every rank).
+    ``state_dtype`` is the dtype of linear-attention states (vLLM's CPU backend may keep them in fp32).
+    """
+    s = model_shape(source)
+    dtype_bytes = kv_dtype_bytes(kv_dtype)
+    if s.mla is not None:
+        layer = (s.mla.kv_lora_rank + s.mla.qk_rope_head_dim) * dtype_bytes
+    else:
+        layer = 2 * max(1, s.num_kv_heads // tensor_parallel_size) * s.head_dim * dtype_bytes
+    n_full, n_sliding, n_linear = (s.layer_kinds.count(k) for k in ("full", "sliding", "linear"))
+    linear_state = 0
+    if n_linear:
+        la = s.linear_attention
+        assert la is not None
+        tp = tensor_parallel_size
+        conv = la.conv_dim // tp * (la.conv_kernel_size - 1) * STATE_DTYPE_BYTES["bf16"]
+        recurrent = la.num_value_heads // tp * la.key_head_dim * la.value_head_dim * STATE_DTYPE_BYTES[state_dtype]
+        linear_state = n_linear * (conv + recurrent)
+    return KVCacheBytes(
+        kv_dtype=kv_dtype,
+        bytes_per_token=n_full * layer,
+        layer_bytes_per_token=layer,
+        num_full_layers=n_full,
+        num_sliding_layers=n_sliding,
+        sliding_window=s.sliding_window,
+        sliding_bytes_per_token=n_sliding * layer,
+        num_linear_layers=n_linear,
+        linear_state_bytes_per_seq=linear_state,
+        mla=s.mla is not None,
+    )
+
+
+@dataclass(frozen=True)
+class VllmKVCache:
+    """vLLM's KV-cache sizing: blocks, token capacity and concurrency at ``max_model_len``."""
+
+    kv_memory_bytes: int  # negative when weights and overhead leave none: the shortfall
+    block_size: int
+    page_bytes: int  # one layer, one block: 2*block*nkv*hd*dtype_bytes (MLA: block*(kv_lora+rope)*bytes)
+    num_kv_layers: int
+    num_blocks: int  # vllm:cache_config_info num_gpu_blocks (the null block included)
+    kv_cache_tokens: int  # token slots, num_blocks * block_size
+    max_model_len: int
+    blocks_per_request: int
+    max_concurrency: float  # vllm:cache_config_info kv_cache_max_concurrency
+    vllm_kv_cache_size_tokens: int  # vllm:cache_config_info kv_cache_size_tokens: int(max_concurrency*max_model_len)
+    fits: bool  # vLLM starts only if one max_model_len request fits beside the null block
+    exact: bool  # False for hybrid models: an approximation of vLLM's hybrid allocator
+
+
+def vllm_kv_cache(kv: KVCacheBytes, kv_memory_bytes: int, max_model_len: int, block_size: int = GPU_BLOCK_SIZE,
+                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> VllmKVCache:
+    """Blocks, tokens and concurrency that ``kv_memory_bytes`` of KV memory give in vLLM (V1 engine).
+
+    Full-attention models: exact, following vLLM's source:
+    - vllm/v1/core/kv_cache_utils.py ``get_kv_cache_config_from_groups``:
+      ``num_blocks = available_memory // bytes_per_block``, where ``_get_kv_cache_bytes_per_block``
+      sums the page of every layer in the group (page = ``AttentionSpec.page_size_bytes`` in
+      vllm/v1/kv_cache_interface.py = block * nkv * (head + head_v) * dtype bytes). For non-negative
+      integers this equals ``kv_memory // page // num_layers``.
+    - ``get_max_concurrency_for_kv_cache_config``: ``num_blocks / cdiv(max_model_len, block_size)``.
+    - ``get_kv_cache_capacity``: kv_cache_size_tokens = ``int(max_concurrency * max_model_len)``, which
+      equals ``num_blocks * block_size`` only when max_model_len is a multiple of the block size.
+    - ``get_kv_cache_configs`` reserves one null block before checking that a request fits.
+    Hybrid models (sliding-window or linear-attention layers): per-request bytes are full layers at
+    max_model_len + sliding layers at their bound (+1 block) + the linear states; ``exact`` is False.
+    """
+    usable = max(0, kv_memory_bytes)  # negative: what is missing; no blocks
+    num_kv_layers = kv.num_full_layers + kv.num_sliding_layers
+    page = block_size * kv.layer_bytes_per_token
+    blocks_per_request = math.ceil(max_model_len / block_size)
+    if kv.is_uniform:
+        bytes_per_block = page * num_kv_layers
+        num_blocks = usable // bytes_per_block
+        max_concurrency = num_blocks / blocks_per_request
+        fits = num_blocks - 1 >= blocks_per_request
+        exact = True
+    else:
+        bytes_per_block = page * num_kv_layers if num_kv_layers else 1
+        num_blocks = usable // bytes_per_block if num_kv_layers else 0
+        sliding_blocks = 0
+        if kv.num_sliding_layers:
+            sliding_blocks = math.ceil(kv.sliding_tokens_per_seq(max_model_len, max_num_batched_tokens) / block_size) + 1
+        request_bytes = (blocks_per_request * page * kv.num_full_layers
+                         + sliding_blocks * page * kv.num_sliding_layers + kv.linear_state_bytes_per_seq)
+        max_concurrency = usable / request_bytes
+        fits = max_concurrency >= 1
+        exact = False
+    return VllmKVCache(
+        kv_memory_bytes=kv_memory_bytes,
+        block_size=block_size,
+        page_bytes=page,
+        num_kv_layers=num_kv_layers,
+        num_blocks=num_blocks,
+        kv_cache_tokens=num_blocks * block_size,
+        max_model_len=max_model_len,
+        blocks_per_request=blocks_per_request,
+        max_concurrency=max_concurrency,
+        vllm_kv_cache_size_tokens=int(max_concurrency * max_model_len),
+        fits=fits,
+        exact=exact,
+    )
+
+
+def cpu_kv_cache(kv: KVCacheBytes, max_model_len: int, kv_cache_space_gib: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, block_size: int | None = None) -> VllmKVCache:
+    """vLLM's CPU-backend KV sizing from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or ``--kv-cache-memory-bytes``.
+
+    vllm/platforms/cpu.py turns VLLM_CPU_KVCACHE_SPACE into ``kv_cache_memory_bytes = GiB * 2**30`` and
+    vllm/v1/worker/cpu_worker.py ``determine_available_memory`` returns it unchanged. Block size 128
+    unless chosen (16 for MLA models on the reference CPU MLA kernel).
+    """
+    if (kv_cache_space_gib is None) == (kv_cache_memory_bytes is None):
+        raise ValueError("give exactly one of kv_cache_space_gib (VLLM_CPU_KVCACHE_SPACE) and kv_cache_memory_bytes")
+    memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else int(kv_cache_space_gib) * GIB
+    if block_size is None:
+        block_size = CPU_MLA_BLOCK_SIZE if kv.mla else CPU_BLOCK_SIZE
+    return vllm_kv_cache(kv, memory, max_model_len, block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU budget
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Memory vLLM keeps outside weights and KV cache, in bytes (an estimate, see NON_TORCH_BYTES)."""
+
+    activation_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    source: str = "estimate_overhead"
+
+    @property
+    def total_bytes(self) -> int:
+        """All overhead together."""
+        return self.activation_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+
+
+def estimate_overhead(source: ModelSource | ModelShape, max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                      max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, enforce_eager: bool = False) -> Overhead:
+    """Rough peak activations + non-torch + CUDA-graph memory of vLLM's start-up profiling, in bytes.
+
+    Activations: per batched token the widest MLP (gate/up output plus the activated half: 3 widths)
+    and ~6 hidden-size buffers in BF16, plus FP32 logits and one copy for the sampler's dummy batch.
+    Llama-3.1-8B at 8192 tokens: ~1.3 GiB, near the ~1.2 GiB vLLM logs. Replace it with your log's figure.
+    """
+    s = model_shape(source)
+    widest = s.intermediate_size if not all(s.moe_layers) else 0
+    if s.num_experts:
+        widest = max(widest, s.experts_per_token * s.moe_intermediate_size + s.shared_expert_intermediate_size)
+    activations = max_num_batched_tokens * (3 * widest + 6 * s.hidden_size) * 2 + max_num_seqs * s.vocab_size * 4 * 2
+    return Overhead(activations, NON_TORCH_BYTES, 0 if enforce_eager else CUDA_GRAPH_BYTES)
+
+
+def gpu_kv_memory_bytes(total_memory_bytes: int, gpu_memory_utilization: float, weight_bytes: int,
+                        overhead_bytes: int) -> int:
+    """KV memory vLLM gets on a GPU: ceil(total * utilization) - weights - overhead (may be negative).
+
+    vllm/v1/worker/utils.py ``request_memory``: ``ceil(total_memory * gpu_memory_utilization)`` of the
+    TOTAL memory; vllm/v1/worker/gpu_worker.py ``determine_available_memory`` subtracts the rest.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    return math.ceil(total_memory_bytes * gpu_memory_utilization) - weight_bytes - overhead_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Everything the planner says about one model, and about one GPU when one is given."""
+
+    model: str
+    total_params: int
+    active_params: int
+    weight_dtype: str
+    weight_bytes: int
+    weight_bytes_source: str
+    kv_dtype: str
+    kv: KVCacheBytes
+    gpu: str | None = None
+    total_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    overhead: Overhead | None = None
+    kv_cache: VllmKVCache | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token of the full-attention layers."""
+        return self.kv.bytes_per_token
+
+
+def plan_memory(source: ModelSource, gpu: Any = None, weight_dtype: str | None = None, kv_dtype: str = "bf16",
+                gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: int | None = None,
+                block_size: int = GPU_BLOCK_SIZE, overhead_bytes: int | None = None,
+                total_memory_bytes: int | None = None) -> MemoryPlan:
+    """Plan a model (directory, config.json or dict) on an optional GPU (name or gpus.GPU).
+
+    Weights: exact safetensors bytes when the directory has them and no ``weight_dtype`` is given;
+    otherwise an estimate for ``weight_dtype`` (default: what quantization_config declares, else bf16).
+    ``overhead_bytes`` defaults to ``estimate_overhead``; ``total_memory_bytes`` to the GPU's datasheet.
+    """
+    from helpers import gpus  # local: gpus is only needed when a GPU is named
+
+    shape = model_shape(source)
+    counts = count_params(shape)
+    checkpoint = None
+    if weight_dtype is None and not isinstance(source, Mapping):
+        checkpoint = safetensors_bytes(Path(source) if Path(source).is_dir() else Path(source).parent)
+    if checkpoint is not None:
+        try:
+            dtype = infer_weight_dtype(shape)
+        except ConfigError:
+            dtype = "checkpoint"
+        w_bytes, w_source = checkpoint.total_bytes, checkpoint.source
+    else:
+        dtype = weight_dtype or infer_weight_dtype(shape)
+        w_bytes = weight_bytes(counts, dtype)
+        w_source = f"estimate from config.json ({weight_format(dtype).source})"
+    kv = kv_cache_bytes(shape, kv_dtype)
+    plan = MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv)
+    if gpu is None:
+        return plan
+    spec = gpus.get_gpu(gpu) if isinstance(gpu, str) else gpu
+    total = total_memory_bytes if total_memory_bytes is not None else spec.memory_bytes
+    if max_model_len is None:
+        if shape.max_position_embeddings is None:
+            raise ConfigError("config.json lacks 'max_position_embeddings': pass max_model_len")
+        max_model_len = shape.max_position_embeddings
+    if overhead_bytes is None:
+        overhead = estimate_overhead(shape)
+    else:
+        overhead = Overhead(overhead_bytes, 0, 0, source="given (all in activation_bytes)")
+    kv_memory = gpu_kv_memory_bytes(total, gpu_memory_utilization, w_bytes, overhead.total_bytes)
+    cache = vllm_kv_cache(kv, kv_memory, max_model_len, block_size)
+    return MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv,
+                      spec.name, total, gpu_memory_utilization, overhead, cache)

@@ -1,0 +1,95 @@
+"""Connect a notebook (or a script) to the engine: one call, clear errors.
+
+``connect()`` reads the settings, starts the local engine when the profile runs one (or finds the
+one already running), checks that the endpoint answers and serves the expected model, and returns a
+``Lab`` holding the settings, the engine and an OpenAI client. Every failure says what to do next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+
+from helpers.engine import Engine, LocalEngine, make_engine
+from helpers.settings import Settings, load_settings
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class EndpointError(RuntimeError):
+    """The endpoint is unreachable, refuses our key, or does not serve the model we asked for."""
+
+
+def check_endpoint(settings: Settings, model: str | None = None, timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
+    """The served model names; raises EndpointError with what to check when something is wrong."""
+    url = settings.base_url + "/models"
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.TimeoutException:
+        raise EndpointError(f"{url} did not answer within {timeout_s:.0f} s. Is the engine still starting or "
+                            "overloaded? Check `workshop status`, or VLLM_HOST if it points elsewhere.") from None
+    except httpx.HTTPError as err:
+        hint = ("start it with `workshop up`" if settings.managed
+                else "check VLLM_HOST, your network or port-forward, and that the engine pod is running")
+        raise EndpointError(f"Cannot reach the engine at {url} ({type(err).__name__}): {hint}.") from None
+    if resp.status_code == 401:
+        raise EndpointError(f"{url} answered 401 Unauthorized: the server expects an API key. Set VLLM_API_KEY "
+                            "to the key the engine was started with (it is not shown here).")
+    if resp.status_code >= 400:
+        raise EndpointError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+    served = [m["id"] for m in resp.json().get("data", [])]
+    if model is not None and model not in served:
+        raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
+                            "Set MODEL_NAME to one of them (or switch the engine's model).")
+    return served
+
+
+@dataclass
+class Lab:
+    """What a notebook works with: settings, the engine, and a client for it."""
+
+    settings: Settings
+    engine: Engine
+    client: openai.OpenAI
+
+    @property
+    def model(self) -> str:
+        """The model name to send in requests (follows engine.switch_model)."""
+        return self.engine.model
+
+    def check(self) -> list[str]:
+        """Re-check the endpoint (after a restart, or when a call failed)."""
+        return check_endpoint(self.settings, self.model)
+
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        """One chat completion at temperature 0 unless told otherwise; engine failures explained."""
+        kwargs.setdefault("temperature", 0.0)
+        try:
+            return self.client.chat.completions.create(model=self.model, messages=messages, **kwargs)
+        except openai.APIConnectionError:
+            raise EndpointError(f"The engine at {self.settings.base_url} stopped answering. If it was stopped or "
+                                "killed, restart it: `workshop up` in a terminal, or lab.engine.restart().") from None
+        except openai.AuthenticationError:
+            raise EndpointError("The engine rejected the API key (401): set VLLM_API_KEY to the engine's key.") from None
+        except openai.NotFoundError as err:
+            raise EndpointError(f"{err.message}. Served models: {check_endpoint(self.settings)}") from None
+
+
+def make_client(settings: Settings, timeout_s: float = 120.0) -> openai.OpenAI:
+    """An OpenAI client for the endpoint (no automatic retries: failures should show)."""
+    return openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key or "EMPTY",
+                         timeout=timeout_s, max_retries=0)
+
+
+def connect(settings: Settings | None = None, start: bool = True) -> Lab:
+    """Settings -> engine (started or found) -> checked endpoint -> Lab."""
+    settings = settings or load_settings()
+    engine = make_engine(settings)
+    if isinstance(engine, LocalEngine) and start:
+        engine.start()
+    check_endpoint(settings, engine.model)
+    return Lab(settings, engine, make_client(settings))

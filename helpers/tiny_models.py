@@ -1,0 +1,216 @@
+"""Build the tiny models this kit ships: tokenizer, Qwen3 config, training loop (runs on a CPU).
+
+Rebuild with ``workshop build-model --out models/tiny-agent`` (or ``python -m helpers.tiny_models``).
+A rebuild is reproducible: the corpus, the tokenizer and the initial weights all come from seeds.
+
+Tokenizer: byte-level BPE trained on the corpus, plus single tokens for every catalog city and
+every integer 0..1999, so that copying a city or a number from the prompt into a tool call is a
+one-token identity map (probes with sub-word names and multi-digit numbers failed to copy). Other
+digits are split one per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from helpers import chat_format as cf
+from helpers import corpus
+from helpers.tools import TOOLS, city_catalog
+
+BPE_VOCAB = 1536
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of a tiny Qwen3 model (head_dim 64: the CPU attention kernel needs >= 32)."""
+
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+
+
+def conversation_text(messages: list[dict[str, Any]], with_tools: bool) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans the assistant wrote."""
+    text, spans = "", []
+    for piece, is_assistant in cf.render_segments(messages, TOOLS if with_tools else None):
+        if is_assistant:
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, spans
+
+
+def build_tokenizer(seed: int = 0):
+    """Train the byte-level BPE and add the single-token cities, numbers and chat tags."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, special_tokens=[cf.EOT, cf.IM_START, cf.IM_END],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    texts = (conversation_text(m, t)[0] for m, t in itertools.islice(corpus.training_conversations(seed), 20000))
+    tok.train_from_iterator(texts, trainer)
+    tags = [cf.TOOL_CALL_START, cf.TOOL_CALL_END, cf.TOOL_RESPONSE_START, cf.TOOL_RESPONSE_END]
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in tags])
+    words = list(city_catalog()) + [str(i) for i in range(corpus.NUMBER_TOKENS_MAX + 1)] + [f"0{i}" for i in range(10)]
+    tok.add_tokens([AddedToken(w, single_word=True, normalized=False, special=False) for w in words])
+    return tok
+
+
+def save_tokenizer(tok, out: Path) -> Any:
+    """Save as a transformers fast tokenizer with the chat template; returns the loaded wrapper."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=cf.IM_END, pad_token=cf.EOT,
+                                   model_max_length=ModelShape.max_position_embeddings)
+    fast.chat_template = cf.CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def encode_example(tok, messages: list[dict[str, Any]], with_tools: bool) -> tuple[list[int], list[int]]:
+    """Token ids and labels (-100 outside the assistant's own tokens)."""
+    text, spans = conversation_text(messages, with_tools)
+    enc = tok.encode(text)
+    labels = []
+    for token_id, (start, _end) in zip(enc.ids, enc.offsets):
+        inside = any(a <= start < b for a, b in spans)
+        labels.append(token_id if inside else -100)
+    return enc.ids, labels
+
+
+def batches(tok, seed: int, batch_size: int, pool: int = 8) -> Iterator[tuple[Any, Any, Any]]:
+    """Padded (input_ids, attention_mask, labels) tensors from the endless training stream.
+
+    Conversations are drawn ``pool`` batches at a time and grouped by length, so little is padding.
+    """
+    import random
+
+    import torch
+
+    pad = tok.token_to_id(cf.EOT)
+    stream = corpus.training_conversations(seed)
+    order = random.Random(seed + 1)
+    while True:
+        rows = sorted((encode_example(tok, m, t) for m, t in itertools.islice(stream, batch_size * pool)),
+                      key=lambda r: len(r[0]))
+        groups = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+        order.shuffle(groups)
+        for group in groups:
+            width = max(len(ids) for ids, _ in group)
+            ids = torch.full((len(group), width), pad, dtype=torch.long)
+            labels = torch.full((len(group), width), -100, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for i, (row_ids, row_labels) in enumerate(group):
+                ids[i, : len(row_ids)] = torch.tensor(row_ids)
+                labels[i, : len(row_labels)] = torch.tensor(row_labels)
+                mask[i, : len(row_ids)] = 1
+            yield ids, mask, labels
+
+
+def first_call_exact_rate(model, tok, examples: list[corpus.Example]) -> float:
+    """Share of held-out examples whose first assistant turn is argmax-exact under teacher forcing.
+
+    Exact under teacher forcing means greedy decoding reproduces that turn token for token.
+    """
+    import torch
+
+    hits = 0
+    model.eval()
+    with torch.no_grad():
+        for ex in examples:
+            first = next(i for i, m in enumerate(ex.messages) if m["role"] == "assistant")
+            ids, labels = encode_example(tok, ex.messages[: first + 1], with_tools=True)
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+            pred = logits.argmax(-1)
+            target = torch.tensor(labels)
+            where = (target[1:] != -100)
+            hits += bool((pred[:-1][where] == target[1:][where]).all())
+    model.train()
+    return hits / len(examples)
+
+
+def train(out: Path, steps: int, batch_size: int = 48, lr: float = 2e-3, seed: int = 0,
+          shape: ModelShape = ModelShape(), log_every: int = 50, eval_every: int = 250,
+          checkpoint_every: int = 500) -> dict[str, Any]:
+    """Build the tokenizer, train the model, save both under ``out``; returns the training record."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(seed)
+    save_tokenizer(tok, out)
+    eos, pad = tok.token_to_id(cf.IM_END), tok.token_to_id(cf.EOT)
+    config = Qwen3Config(vocab_size=64 * math.ceil(tok.get_vocab_size() / 64), tie_word_embeddings=True,
+                         rope_theta=10000.0, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
+                         dtype="bfloat16", **shape.__dict__)
+    model = Qwen3ForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, min(200, steps // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    probe = corpus.heldout_cases(n_per_kind=12)[:48]
+    record: dict[str, Any] = {"params": n_params, "steps": steps, "batch_size": batch_size, "seed": seed,
+                              "shape": shape.__dict__, "log": []}
+    start, tokens = time.monotonic(), 0
+    print(f"training {n_params:,} parameters, vocab {config.vocab_size}, {steps} steps x {batch_size}", flush=True)
+    for step, (ids, mask, labels) in enumerate(batches(tok, seed, batch_size), start=1):
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls, fp32 master weights
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+        tokens += int(mask.sum())
+        if step % log_every == 0 or step == steps:
+            entry = {"step": step, "loss": round(loss.item(), 4), "elapsed_s": round(time.monotonic() - start, 1),
+                     "tokens": tokens}
+            if step % eval_every == 0 or step == steps:
+                entry["heldout_first_turn_exact"] = round(first_call_exact_rate(model, tok, probe), 3)
+            record["log"].append(entry)
+            print(json.dumps(entry), flush=True)
+        if step % checkpoint_every == 0 or step == steps:
+            _save_model(model, out, eos, pad)
+        if step >= steps:
+            break
+    record["train_seconds"] = round(time.monotonic() - start, 1)
+    record["train_tokens"] = tokens
+    (out / "training_record.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _save_model(model, out: Path, eos: int, pad: int) -> None:
+    import torch
+    from transformers import GenerationConfig
+
+    state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    model.config.dtype = "bfloat16"  # what the weights on disk are; vLLM serves them as such
+    model.save_pretrained(out, state_dict=state)
+    GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=eos).save_pretrained(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Rebuild a tiny agent model from its seed.")
+    parser.add_argument("--out", type=Path, default=Path("models/tiny-agent"))
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    train(args.out, args.steps, batch_size=args.batch_size, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

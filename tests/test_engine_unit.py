@@ -1,0 +1,58 @@
+"""The engine interface without starting vLLM: flags, log excerpts, port and endpoint checks."""
+
+import socket
+
+import pytest
+
+from helpers.engine import EngineConfig, EngineError, LocalEngine, default_config, flag_value, log_excerpt, with_flag
+from helpers.settings import load_settings
+
+ARGS = ("--max-model-len", "4096", "--enforce-eager", "--tool-call-parser", "hermes")
+
+
+def test_with_flag_replaces_appends_and_removes():
+    assert flag_value(with_flag(ARGS, "--max-model-len", 2048), "max_model_len") == "2048"
+    assert with_flag(ARGS, "max-num-seqs", 8)[-2:] == ("--max-num-seqs", "8")
+    assert "--enforce-eager" not in with_flag(ARGS, "--enforce-eager", False)
+    assert flag_value(with_flag(ARGS, "--enforce-eager", None), "--enforce-eager") is None
+    assert flag_value(ARGS, "--enforce-eager") is True
+    spec = with_flag(ARGS, "--speculative-config", {"method": "ngram", "num_speculative_tokens": 3})
+    assert flag_value(spec, "--speculative-config") == '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+def test_with_flag_understands_equals_form():
+    args = ("--max-num-seqs=16", "--enforce-eager")
+    assert flag_value(args, "--max-num-seqs") == "16"
+    assert with_flag(args, "--max-num-seqs", 32) == ("--enforce-eager", "--max-num-seqs", "32")
+
+
+def test_log_excerpt_keeps_the_error_and_drops_argparse_usage():
+    log = "\n".join(["INFO starting", "usage: api_server.py [-h]", "                [--log-error-stack]",
+                     "api_server.py: error: argument --max-num-seqs: invalid int value: 'x'"] + [f"INFO {i}" for i in range(40)])
+    excerpt = log_excerpt(log)
+    assert "invalid int value" in excerpt
+    assert "--log-error-stack" not in excerpt
+    assert "INFO 39" in excerpt
+
+
+def test_cpu_default_config_sets_kv_memory_and_tool_parser():
+    cfg = default_config(load_settings({}))
+    assert cfg.served_name == "tiny-agent" and cfg.model.endswith("models/tiny-agent")
+    assert flag_value(cfg.args, "--kv-cache-memory-bytes") == str(1 << 30)
+    assert flag_value(cfg.args, "--tool-call-parser") == "hermes"
+    assert EngineConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_local_engine_refuses_an_external_endpoint():
+    with pytest.raises(EngineError, match="external endpoint"):
+        LocalEngine(load_settings({"VLLM_HOST": "http://example.invalid:1/v1"}))
+
+
+def test_port_in_use_is_reported_before_starting_anything():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        engine = LocalEngine(load_settings({"WORKSHOP_PORT": str(port)}))
+        with pytest.raises(EngineError, match=f"Port {port} is already in use"):
+            engine.start(timeout_s=5)

@@ -1,0 +1,42 @@
+"""Notebooks are numbered, committed without outputs or widget state, python3, one parameters cell."""
+
+import re
+
+import nbformat
+import pytest
+
+from helpers.notebooks import NOTEBOOK_DIR, inject_parameters, parameters_cell_index, parse_parameters, workshop_notebooks
+
+NOTEBOOKS = workshop_notebooks()
+
+
+def test_notebooks_exist_and_are_numbered_without_gaps():
+    names = [p.name for p in NOTEBOOKS]
+    assert names, f"no notebooks in {NOTEBOOK_DIR}"
+    numbers = [int(re.match(r"(\d\d)_[a-z0-9_]+\.ipynb$", n).group(1)) for n in names]
+    assert numbers == list(range(1, len(numbers) + 1))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert "widgets" not in nb.metadata
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name} has outputs"
+    parameters_cell_index(nb)  # exactly one parameters cell
+    assert nb.cells[-1].cell_type == "code", "the last cell prints what was learned"
+
+
+def test_parameters_are_injected_after_the_parameters_cell():
+    nb = nbformat.read(NOTEBOOKS[0], as_version=4)
+    index = parameters_cell_index(nb)
+    inject_parameters(nb, parse_parameters(["STREAM_MAX_TOKENS=8", "LABEL=quick"]))
+    assert nb.cells[index + 1].source.endswith("STREAM_MAX_TOKENS = 8\nLABEL = 'quick'")
+
+
+def test_bad_parameter_syntax_is_refused():
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_parameters(["no-equals-sign"])
