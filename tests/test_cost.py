@@ -1,0 +1,43 @@
+"""Cost: dollars per million tokens, break-even against an API, price against latency."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pytest
+
+from helpers import cost
+
+
+def test_usd_per_million_tokens_and_api_cost() -> None:
+    assert cost.usd_per_million_tokens(3.6, 1000.0) == pytest.approx(1.0)
+    assert cost.api_cost_usd(1_000_000, 500_000, 0.5, 2.0) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="measure a throughput"):
+        cost.usd_per_million_tokens(1.0, 0.0)
+
+
+def test_api_price_per_output_token_includes_prompts() -> None:
+    # 1000-token prompts at $0.50/M and 100-token answers at $2/M: $0.0007 per request, $7 per M output tokens.
+    assert cost.api_usd_per_million_output_tokens(1000, 100, 0.5, 2.0) == pytest.approx(7.0)
+
+
+def test_break_even() -> None:
+    assert cost.break_even_tokens_per_day(2.0, 0.5) == pytest.approx(96_000_000)
+    # 1000 tok/s all day makes 86.4M tokens: the machine must be busy 96/86.4 of the day: never breaks even.
+    assert cost.break_even_utilization(2.0, 0.5, 1000.0) == pytest.approx(96 / 86.4)
+    assert cost.break_even_utilization(2.0, 0.5, 4000.0) == pytest.approx(96 / 345.6)
+    with pytest.raises(ValueError, match="price"):
+        cost.break_even_tokens_per_day(2.0, 0.0)
+
+
+def test_price_latency_frame_and_plot() -> None:
+    points = [cost.SweepPoint(8, 800.0, 0.010), {"concurrency": 1, "output_tokens_per_s": 100.0, "tpot_s": 0.008}]
+    frame = cost.price_latency_frame(points, hourly_usd=3.6)
+    assert list(frame["concurrency"]) == [1, 8]
+    assert list(frame["usd_per_million_tokens"]) == pytest.approx([10.0, 1.25])
+    assert list(frame["tpot_ms"]) == pytest.approx([8.0, 10.0])
+    assert list(frame["user_tokens_per_s"]) == pytest.approx([125.0, 100.0])
+    fig = cost.plot_price_latency(frame, api_usd_per_m_tokens=2.0)
+    assert len(fig.axes[0].lines) == 2  # the sweep and the API price
+    plt.close(fig)
+    with pytest.raises(ValueError, match="sweep"):
+        cost.price_latency_frame([], 1.0)

@@ -1,0 +1,81 @@
+"""Against the real local engine: vLLM's CPU build serving the shipped tiny agent model.
+
+One engine is started for the module on its own port and state directory, then stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import nbformat
+import pytest
+
+from helpers.agent import run_agent
+from helpers.engine import EngineStartError, flag_value
+from helpers.notebooks import REPO_ROOT, run_notebook
+from helpers.session import EndpointError, connect
+from helpers.settings import load_settings
+
+pytestmark = pytest.mark.engine
+PORT = "8765"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    saved = dict(os.environ)
+    for name in ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "WORKSHOP_PROFILE"):
+        os.environ.pop(name, None)
+    os.environ.update(WORKSHOP_PORT=PORT, WORKSHOP_STATE_DIR=str(tmp_path_factory.mktemp("engine-state")))
+    lab = connect(load_settings())
+    yield lab
+    lab.engine.stop()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_ready_means_the_model_is_listed(lab):
+    assert lab.check() == ["tiny-agent"]
+    status = lab.engine.status()
+    assert status["ready"] is True and status["endpoint"] == f"http://127.0.0.1:{PORT}/v1"
+
+
+def test_tool_call_round_trip_parsed_by_vllm(lab):
+    run = run_agent(lab, "What's the weather in Paris?")
+    call = run.steps[0].tool_calls[0]
+    assert call["name"] == "get_weather" and call["arguments"] == {"city": "Paris"}
+    assert str(call["result"]["temperature_c"]) in run.answer
+
+
+def test_plain_answer_when_no_tool_fits(lab):
+    run = run_agent(lab, "thanks, that helped")
+    assert not run.called_tools and run.answer
+
+
+def test_a_flag_vllm_rejects_shows_the_log_and_rolls_back(lab):
+    before = lab.engine.args()
+    with pytest.raises(EngineStartError) as info:
+        lab.engine.set_flag("--max-num-seqs", "banana")
+    assert "invalid int value" in str(info.value)
+    assert "back on the last good" in str(info.value)
+    assert lab.engine.args() == before and flag_value(before, "--max-num-seqs") is None
+    assert lab.engine.is_ready()
+
+
+def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "01_connect_and_first_agent.ipynb", tmp_path,
+                       parameters={"STREAM_MAX_TOKENS": 32})
+    nb = nbformat.read(run.output, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
+    assert "What we learned" in "".join(c.source for c in nb.cells)
+    assert "prompt tokens grew from" in text
+
+
+def test_a_killed_engine_is_explained_and_restart_recovers(lab):
+    os.killpg(lab.engine.pid, signal.SIGKILL)
+    with pytest.raises(EndpointError, match="stopped answering.*restart"):
+        lab.chat([{"role": "user", "content": "hi"}], max_tokens=4)
+    lab.engine.restart()
+    assert lab.chat([{"role": "user", "content": "hi"}], max_tokens=4).choices[0].message is not None

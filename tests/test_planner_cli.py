@@ -1,0 +1,108 @@
+"""``workshop memory`` / ``workshop gpus`` handlers: JSON output, tables and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from helpers import gpus, planner_cli
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="workshop")
+    planner_cli.register(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert _run(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_memory_json_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _json(capsys, ["memory", str(CONFIGS / "Qwen3-30B-A3B.json")])
+    assert (out["total_params"], out["active_params"]) == (30_532_122_624, 3_353_032_704)
+    assert (out["weight_dtype"], out["weight_bytes"]) == ("bf16", 2 * 30_532_122_624)
+    assert out["kv_bytes_per_token"] == 98_304
+    assert out["model"] == "Qwen3-30B-A3B"
+    assert "kv_cache_tokens" not in out
+
+
+def test_memory_json_with_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _json(capsys, ["memory", str(CONFIGS / "Llama-3.1-8B.json"), "--gpu", "H100-sxm", "--kv-dtype", "fp8",
+                         "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--overhead-bytes", "2000000000"])
+    kv_memory = math.ceil(80e9 * 0.9) - 2 * 8_030_261_248 - 2_000_000_000
+    assert out["kv_bytes_per_token"] == 65_536
+    assert out["kv_cache_bytes"] == kv_memory
+    assert out["num_blocks"] == kv_memory // (16 * 65_536)
+    assert out["kv_cache_tokens"] == out["num_blocks"] * 16
+    assert out["max_concurrency"] == pytest.approx(out["num_blocks"] / 512)
+    assert out["fits"] is True and out["gpu"] == "H100 SXM"
+
+
+def test_memory_cpu_backend_matches_what_vllm_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # cpu-lab.md: the tiny Qwen3 with VLLM_CPU_KVCACHE_SPACE=1 reported 524,288 tokens in 4,096 blocks.
+    tiny = {"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 3536,
+            "tie_word_embeddings": True, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(tiny))
+    out = _json(capsys, ["memory", str(tmp_path), "--cpu-kv-cache-space-gib", "1"])
+    assert (out["gpu"], out["kv_cache_bytes"], out["block_size"]) == ("cpu", 2**30, 128)
+    assert (out["num_blocks"], out["vllm_kv_cache_size_tokens"], out["max_concurrency"]) == (4096, 524_288, 128.0)
+    assert "overhead_bytes" not in out
+
+
+def test_memory_weight_dtype_and_quantization_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _json(capsys, ["memory", str(CONFIGS / "DeepSeek-V3.json")])["weight_dtype"] == "fp8"
+    out = _json(capsys, ["memory", str(CONFIGS / "Qwen3-4B.json"), "--weight-dtype", "int4"])
+    assert round(out["weight_bytes"] / 1e9, 2) == 2.67
+
+
+def test_memory_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "RTX 4000 Ada", "--gpu-memory-utilization",
+                 "0.4", "--max-model-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "4,022,468,096 total" in out and "147,456 B/token" in out
+    assert "vLLM will refuse to start" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["memory", "no/such/dir"], "no config file at no/such/dir: pass a model directory"),
+    (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "Z100"], "unknown GPU 'Z100': known GPUs are"),
+    (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "L4", "--gpu-memory-utilization", "1.5"],
+     "gpu_memory_utilization must be in (0, 1]"),
+    (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "L4", "--block-size", "0"],
+     "--block-size must be a positive integer, got 0"),
+])
+def test_memory_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert _run(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: ") and message in captured.err
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_memory_malformed_and_incomplete_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text("{\"hidden_size\": 10,")
+    assert _run(["memory", str(tmp_path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    assert _run(["memory", str(tmp_path), "--json"]) == 2
+    assert "lacks 'num_hidden_layers'" in capsys.readouterr().err
+
+
+def test_gpus_lists_every_gpu_with_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["gpus"]) == 0
+    out = capsys.readouterr().out
+    for gpu in gpus.GPUS:
+        assert gpu.name in out and gpu.bandwidth_source in out
+    rows = _json(capsys, ["gpus"])
+    assert [r["name"] for r in rows] == gpus.gpu_names()
+    assert rows[[r["name"] for r in rows].index("H100 SXM")]["bf16_tflops"] == 989
