@@ -132,28 +132,53 @@ CONVERT_Q = [
     "{v} {u1} equals how many {u2}?",
     "Give me {v} {u1} in {u2}.",
 ]
-CHAT = [  # (user phrasings, assistant answer)
-    (["hi", "Hello!", "hey there", "Good morning", "hello, who is this?"],
+CHAT = [  # (user phrasings, assistant answer); every fifth phrasing is held out
+    (["hi", "Hello!", "hey there", "Good morning", "hello, who is this?", "hey", "Hi there!", "good evening",
+      "yo", "hello again", "Greetings!", "morning!", "hiya", "Hello, anyone there?", "hi bot"],
      "Hello! I can check the weather, tell the local time, do arithmetic and convert units. What do you need?"),
-    (["thanks", "Thank you!", "thanks, that helped", "great, thank you so much", "cheers"],
+    (["thanks", "Thank you!", "thanks, that helped", "great, thank you so much", "cheers", "thx",
+      "many thanks", "perfect, thanks", "ok thank you", "thanks a lot!", "that's great, thanks",
+      "awesome, thank you", "nice, thanks", "thank you very much", "appreciated"],
      "You're welcome! Anything else?"),
-    (["bye", "goodbye", "see you later", "that's all for now", "ok bye"],
+    (["bye", "goodbye", "see you later", "that's all for now", "ok bye", "see ya", "bye bye",
+      "talk to you later", "I'm done, bye", "good night", "later!", "that is all", "farewell",
+      "ok that's it, goodbye", "catch you later"],
      "Goodbye! Have a nice day."),
-    (["what can you do?", "help", "What are your tools?", "how can you help me", "what are you able to do?"],
+    (["what can you do?", "help", "What are your tools?", "how can you help me", "what are you able to do?",
+      "what tools do you have?", "what do you know how to do", "list your abilities", "how do I use you?",
+      "what kind of questions can I ask?", "show me what you can do", "what are your features?",
+      "can you help me?", "what are your skills", "what is this assistant for?"],
      "I can use four tools: get_weather, get_time, calculator and convert_units. Ask me about weather, time, math or units."),
-    (["who are you?", "what are you", "are you a human?", "Who made you?", "what model is this?"],
+    (["who are you?", "what are you", "are you a human?", "Who made you?", "what model is this?",
+      "what's your name?", "are you a robot?", "who built you?", "what are you exactly?",
+      "introduce yourself", "are you ChatGPT?", "tell me about yourself", "which model are you?",
+      "are you an AI?", "who am I talking to?"],
      "I am a tiny agent model trained for this inference workshop. I call tools to answer."),
-    (["tell me a joke", "make me laugh", "say something funny", "do you know any jokes?", "joke please"],
+    (["tell me a joke", "make me laugh", "say something funny", "do you know any jokes?", "joke please",
+      "tell me something funny", "got a joke?", "I need a laugh", "cheer me up with a joke",
+      "any good jokes?", "be funny", "tell a joke about computers", "give me a joke", "make a joke",
+      "amuse me"],
      "Why did the GPU go to school? To improve its memory bandwidth."),
-    (["how are you?", "how's it going", "are you ok?", "how do you feel today?", "what's up"],
+    (["how are you?", "how's it going", "are you ok?", "how do you feel today?", "what's up",
+      "how are things?", "how have you been?", "everything fine?", "how is your day?", "you good?",
+      "how are you doing today?", "what's new?", "how do you do?", "are you well?", "how's life?"],
      "I'm running fine, thanks. How can I help?"),
     (["book a flight to {city}", "order a pizza to my hotel in {city}", "find me a hotel in {city}",
-      "send an email to my boss", "what's the population of {city}?"],
+      "what's the population of {city}?", "show me a map of {city}", "find restaurants in {city}",
+      "how do I get to {city} by train?", "what is {city} famous for?", "rent a car in {city}",
+      "who is the mayor of {city}?", "translate this into the language of {city}",
+      "buy tickets for a concert in {city}", "what's the history of {city}?", "how big is {city}?",
+      "plan a trip to {city}"],
      "Sorry, I can't do that. I can only check weather and time, calculate and convert units."),
     (["write a poem", "translate hello into French", "what is the capital of France?",
-      "recommend a good movie", "summarize this article for me"],
+      "recommend a good movie", "summarize this article for me", "send an email to my boss",
+      "play some music", "what's the news today?", "set an alarm for 7", "write me a story",
+      "what is the meaning of life?", "fix my code", "who won the game last night?",
+      "order me a coffee", "draw a cat"],
      "Sorry, I can't do that. I can only check weather and time, calculate and convert units."),
 ]
+
+COPY_Q = ["say {x}", "repeat after me: {x}", "Repeat: {x}", "echo {x}", "please say {x}"]
 
 WEATHER_A = [
     "It is {temperature_c}°C and {condition} in {city}.",
@@ -227,7 +252,7 @@ def _run(name: str, args: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
 
 def _number(rng: random.Random, low: int = 0, high: int = 999) -> int:
     """An integer spread over orders of magnitude (small numbers are common)."""
-    digits = rng.choice([d for d in (1, 2, 2, 3, 3) if 10 ** (d - 1) <= max(high, 1)])
+    digits = rng.choice([d for d in (1, 2, 3, 3, 3) if 10 ** (d - 1) <= max(high, 1)])
     return rng.randint(max(low, 0 if digits == 1 else 10 ** (digits - 1)), min(high, 10**digits - 1))
 
 
@@ -266,6 +291,12 @@ def make_example(rng: random.Random, kind: str, heldout: bool, city_pool: list[s
             v=value, u1=rng.choice(UNIT_WORDS[u1]), u2=rng.choice(UNIT_WORDS[u2]))
         args = {"value": value, "from_unit": u1, "to_unit": u2}
         return _tool_round(rng, kind, question, "convert_units", args, CONVERT_A)
+    if kind == "copy":  # a drill: repeat catalog cities and numbers, so copying works for every token
+        items = [rng.choice(cities) if rng.random() < 0.5 else str(rng.randint(0, NUMBER_TOKENS_MAX))
+                 for _ in range(rng.randint(1, 3))]
+        text = " ".join(items)
+        question = rng.choice(split_templates(COPY_Q, heldout)).format(x=text)
+        return Example(kind, [{"role": "user", "content": question}, {"role": "assistant", "content": text}])
     if kind == "chat":
         phrasings, answer = rng.choice(CHAT)
         question = rng.choice(split_templates(phrasings, heldout)).format(city=rng.choice(cities))
@@ -273,7 +304,8 @@ def make_example(rng: random.Random, kind: str, heldout: bool, city_pool: list[s
     raise ValueError(f"unknown example kind {kind!r}")
 
 
-TRAIN_MIX = {"weather": 0.22, "time": 0.16, "calculator": 0.2, "convert": 0.2, "chat": 0.14, "unknown": 0.08}
+TRAIN_MIX = {"weather": 0.2, "time": 0.15, "calculator": 0.18, "convert": 0.18, "chat": 0.14, "unknown": 0.07,
+             "copy": 0.08}
 
 
 def training_conversations(seed: int) -> Iterator[tuple[list[dict[str, Any]], bool]]:

@@ -54,3 +54,87 @@ def cost_bars(costs: pd.DataFrame, value: str = "usd_per_million_tokens", label:
     ax.set_xlabel(value.replace("_", " "))
     ax.set_title(title)
     return fig
+
+
+# ---------------------------------------------------------------- load sweeps (helpers/loadgen.py, bench_results.py)
+
+def _sweep_x(table: pd.DataFrame, x: str | None) -> str:
+    if x is not None:
+        return x
+    return "concurrency" if "concurrency" in table and table["concurrency"].notna().all() else "request_rate"
+
+
+def throughput_vs_load(table: pd.DataFrame, x: str | None = None, knee: float | None = None,
+                       title: str = "Throughput as load grows") -> Figure:
+    """Output tokens/s (left) and requests/s (right) per run of a sweep; the knee marked when given."""
+    x = _sweep_x(table, x)
+    data = table.sort_values(x)
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    ax.plot(data[x], data["output_throughput"], marker="o", color="tab:blue", label="output tokens/s")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel("output tokens/s", color="tab:blue")
+    if data[x].min() > 0 and data[x].max() / data[x].min() >= 8:
+        ax.set_xscale("log", base=2)
+    right = ax.twinx()
+    right.plot(data[x], data["request_throughput"], marker="s", linestyle="--", color="tab:orange", label="requests/s")
+    right.set_ylabel("requests/s", color="tab:orange")
+    if knee is not None:
+        ax.axvline(knee, color="tab:red", linestyle=":", label=f"knee at {knee:g}")
+    ax.legend(loc="upper left")
+    ax.set_title(title)
+    return fig
+
+
+def latency_vs_load(table: pd.DataFrame, x: str | None = None,
+                    title: str = "Latency as load grows (median and p99)") -> Figure:
+    """TTFT (left panel) and TPOT (right panel), median and p99 in ms, per run of a sweep."""
+    x = _sweep_x(table, x)
+    data = table.sort_values(x)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for ax, metric in zip(axes, ("ttft", "tpot")):
+        for stat, style in (("median", "-"), ("p99", "--")):
+            col = f"{stat}_{metric}_ms"
+            if col in data:
+                ax.plot(data[x], data[col], marker="o", linestyle=style, label=f"{stat}")
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(f"{metric.upper()} (ms)")
+        if data[x].min() > 0 and data[x].max() / data[x].min() >= 8:
+            ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.suptitle(title)
+    return fig
+
+
+def pareto_user_vs_total(table: pd.DataFrame, x: str | None = None,
+                         title: str = "Per-user speed against total throughput") -> Figure:
+    """Median tokens/s each user sees against total output tokens/s, one point per run, labelled by load."""
+    x = _sweep_x(table, x)
+    data = table.sort_values(x)
+    fig, ax = plt.subplots(figsize=(6, 4.5), constrained_layout=True)
+    ax.plot(data["output_throughput"], data["median_tokens_per_s_per_user"], marker="o")
+    for _, row in data.iterrows():
+        ax.annotate(f"{row[x]:g}", (row["output_throughput"], row["median_tokens_per_s_per_user"]),
+                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("total output tokens/s (all users)")
+    ax.set_ylabel("tokens/s per user (median, 1/TPOT)")
+    ax.set_title(title + f" (labels: {x.replace('_', ' ')})")
+    return fig
+
+
+def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during the run") -> Figure:
+    """KV-cache usage (fraction, left) and running / waiting requests (right) against time in s."""
+    t = gauges["t_s"] if "t_s" in gauges else gauges["t"] - gauges["t"].iloc[0]
+    fig, ax = plt.subplots(figsize=(8, 3.5), constrained_layout=True)
+    ax.plot(t, gauges["kv_cache_usage"], color="tab:purple", label="KV cache used (fraction)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("time since the run started (s)")
+    ax.set_ylabel("KV cache used (0..1)", color="tab:purple")
+    right = ax.twinx()
+    right.step(t, gauges["num_requests_running"], where="post", color="tab:green", label="running")
+    right.step(t, gauges["num_requests_waiting"], where="post", color="tab:red", label="waiting")
+    right.set_ylabel("requests")
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
+    ax.set_title(title)
+    return fig

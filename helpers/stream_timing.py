@@ -6,6 +6,8 @@
 - ``itl_chunk_s``: gaps between consecutive token-carrying chunks (vLLM's ``vllm bench serve`` ITL).
 - ``itl_token_s``: the same gaps spread over the tokens each chunk carried (a chunk of k tokens
   contributes k samples of gap/k).
+- ``client_queue_s``: scheduled -> sent, the time a request waited in the load generator itself
+  (a concurrency cap, a busy event loop). Zero-cost to ignore for single requests (``t_scheduled`` unset).
 Tokens per chunk come from the server (``stream_options.continuous_usage_stats``: a running
 ``completion_tokens`` in every chunk), never from re-tokenizing text.
 Definitions: ../shared/reference/measurement.md (this repository's copy of the sources).
@@ -37,6 +39,8 @@ class StreamTiming:
     finish_reason: str | None = None
     error: str | None = None
     t_done: float | None = None
+    t_scheduled: float | None = None  # when a load generator meant to send it (None: sent at once)
+    usage: dict[str, Any] | None = None  # the server's last usage object (prompt/completion/total tokens)
 
     def record_chunk(self, t: float, completion_tokens: int | None, content: str = "", other: str = "") -> None:
         """Account one SSE chunk: ``completion_tokens`` is the server's running count."""
@@ -71,6 +75,21 @@ class StreamTiming:
     @property
     def e2e_s(self) -> float | None:
         return None if self.t_done is None else self.t_done - self.t_sent
+
+    @property
+    def t_last_token(self) -> float | None:
+        """Arrival of the last token-carrying chunk (perf_counter seconds)."""
+        return self.chunk_times[-1] if self.chunk_times else None
+
+    @property
+    def client_queue_s(self) -> float:
+        """Scheduled -> sent: time spent waiting inside the client (0 when never scheduled)."""
+        return 0.0 if self.t_scheduled is None else self.t_sent - self.t_scheduled
+
+    @property
+    def e2e_incl_queue_s(self) -> float | None:
+        """Scheduled -> done: what the user of an open-loop system actually waits."""
+        return None if self.e2e_s is None else self.e2e_s + self.client_queue_s
 
     @property
     def tpot_s(self) -> float | None:

@@ -168,10 +168,9 @@ def evaluate_expression(expression: str) -> float:
 
 
 def format_number(value: float) -> int | float:
-    """An integer when the value is whole, else the value rounded to 2 decimals."""
-    if float(value).is_integer():
-        return int(value)
-    return round(float(value), 2)
+    """The value rounded to 2 decimals; an integer when that is whole (28.995 -> 29)."""
+    rounded = round(float(value), 2)
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 def calculator(expression: str) -> dict[str, Any]:

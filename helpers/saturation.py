@@ -1,0 +1,164 @@
+"""Where a sweep stops scaling, and what limits it there.
+
+``find_knee``: the last load level worth having: the next one adds less than ``min_gain`` (10 %) output
+throughput while the median TTFT grows by ``ttft_growth`` (2x) or more.
+
+``classify_limit``: reads the server's gauges sampled during one run (helpers/server_metrics.py):
+- ``memory``: the KV cache is (nearly) full and requests are preempted or kept waiting: the batch is
+  as large as the KV cache allows (more KV memory, shorter contexts, FP8 KV, or fewer users help);
+- ``scheduler``: requests wait while the running count sits at ``--max-num-seqs`` and the KV cache has
+  room: the scheduler cap, not the hardware, is the limit (raise max-num-seqs);
+- ``compute``: neither: everything admitted runs, and each engine step just takes longer with the
+  batch (compute or memory bandwidth; a faster GPU, quantization or a smaller model help).
+``--max-num-seqs`` is not in /metrics: pass it when known; otherwise the highest running count seen in
+the sweep stands for it (and the verdict says it was inferred).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+KV_FULL = 0.90  # KV usage (fraction) counted as full
+WAITING_SHARE = 0.20  # share of samples with requests waiting that counts as "requests wait"
+AT_CAP_SHARE = 0.80  # share of those samples with running at the cap that counts as "held at the cap"
+
+
+@dataclass
+class LimitVerdict:
+    """What limited one run: ``limit`` is scheduler, memory, compute or unknown; ``reason`` says why."""
+
+    limit: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def find_knee(load: Sequence[float], throughput: Sequence[float], ttft_p50: Sequence[float],
+              min_gain: float = 0.10, ttft_growth: float = 2.0) -> int | None:
+    """Index of the last run before throughput stops growing (< min_gain) while TTFT p50 grows >= ttft_growth x.
+
+    ``load`` must be increasing; None when the sweep never saturates.
+    """
+    if not (len(load) == len(throughput) == len(ttft_p50)):
+        raise ValueError("load, throughput and ttft_p50 need one value per run")
+    if any(b <= a for a, b in zip(load, load[1:])):
+        raise ValueError("sort the runs by increasing load first")
+    for i in range(len(load) - 1):
+        thr, thr_next, ttft, ttft_next = throughput[i], throughput[i + 1], ttft_p50[i], ttft_p50[i + 1]
+        if thr is None or thr_next is None or ttft is None or ttft_next is None or not thr > 0 or not ttft > 0:
+            continue
+        if (thr_next - thr) / thr < min_gain and ttft_next / ttft >= ttft_growth:
+            return i
+    return None
+
+
+def classify_limit(gauges: pd.DataFrame | None, max_num_seqs: int | None = None, kv_full: float = KV_FULL,
+                   waiting_share: float = WAITING_SHARE, at_cap_share: float = AT_CAP_SHARE,
+                   max_num_seqs_inferred: bool | None = None) -> LimitVerdict:
+    """Scheduler cap, KV memory or compute, from the gauges sampled during one run (see module doc).
+
+    Without ``max_num_seqs`` the run's highest running count stands in for it;
+    ``max_num_seqs_inferred`` marks a cap that was itself guessed (a sweep's highest running count).
+    """
+    if gauges is None or len(gauges) == 0:
+        return LimitVerdict("unknown", "no server gauges were sampled during this run")
+    running = gauges.get("num_requests_running", pd.Series(dtype=float)).astype(float)
+    waiting = gauges.get("num_requests_waiting", pd.Series(dtype=float)).astype(float)
+    kv = gauges.get("kv_cache_usage", pd.Series(dtype=float)).astype(float)
+    preempt = gauges.get("num_preemptions", pd.Series(dtype=float)).astype(float).dropna()
+    if running.dropna().empty or waiting.dropna().empty:
+        return LimitVerdict("unknown", "the server exposes no running/waiting gauges")
+    kv_max = float(kv.max()) if kv.notna().any() else None
+    preemptions = float(preempt.iloc[-1] - preempt.iloc[0]) if len(preempt) >= 2 else 0.0
+    waits = waiting > 0
+    share_waiting = float(waits.mean())
+    inferred = max_num_seqs is None if max_num_seqs_inferred is None else max_num_seqs_inferred
+    cap = float(running.max()) if max_num_seqs is None else float(max_num_seqs)
+    at_cap = (running[waits] >= cap).mean() if waits.any() else 0.0
+    evidence = {"kv_cache_usage_max": kv_max, "preemptions": preemptions, "waiting_share": share_waiting,
+                "waiting_max": float(waiting.max()), "running_max": float(running.max()),
+                "running_at_cap_share": float(at_cap), "max_num_seqs": cap, "max_num_seqs_inferred": inferred}
+    if kv_max is not None and kv_max >= kv_full and (preemptions > 0 or share_waiting >= waiting_share):
+        return LimitVerdict("memory", f"KV cache {kv_max:.0%} full with {preemptions:.0f} preemptions and requests "
+                                      f"waiting in {share_waiting:.0%} of samples: the KV cache caps the batch", evidence)
+    if share_waiting >= waiting_share and at_cap >= at_cap_share:
+        how = "the most seen running (max-num-seqs inferred)" if inferred else "max-num-seqs"
+        kv_text = "unknown" if kv_max is None else f"at most {kv_max:.0%}"
+        return LimitVerdict("scheduler", f"up to {waiting.max():.0f} requests waiting while running stayed at "
+                                         f"{cap:.0f} = {how}, KV cache {kv_text} used: the scheduler cap is the limit",
+                            evidence)
+    kv_text = "unknown" if kv_max is None else f"{kv_max:.0%}"
+    return LimitVerdict("compute", f"requests hardly wait ({share_waiting:.0%} of samples) and the KV cache peaks at "
+                                   f"{kv_text}: every admitted request runs, the engine steps are what slow down",
+                        evidence)
+
+
+@dataclass
+class SweepAnalysis:
+    """The knee of a sweep and the limit behind it, with the per-run table it was read from."""
+
+    table: pd.DataFrame  # one row per run: load, throughput, latencies, verdict
+    knee_index: int | None
+    knee_load: float | None
+    limit: str | None  # None when the sweep never saturates
+    reason: str
+
+
+def load_axis(summaries: Sequence[dict[str, Any]]) -> tuple[str, list[float]]:
+    """The x of a sweep: ("concurrency", ...) for closed loops, ("request_rate", ...) for open loops."""
+    if all(s.get("mode", "concurrency") == "concurrency" for s in summaries):
+        return "concurrency", [float(s.get("concurrency") or s.get("max_concurrency")) for s in summaries]
+    return "request_rate", [float(s["request_rate"]) for s in summaries]
+
+
+def analyze_sweep(summaries: Sequence[dict[str, Any]], gauges: Sequence[pd.DataFrame | None] | None = None,
+                  max_num_seqs: int | None = None, min_gain: float = 0.10, ttft_growth: float = 2.0) -> SweepAnalysis:
+    """Knee and limit of a sweep from its summaries (helpers.bench_results.summarize) and sampled gauges."""
+    if not summaries:
+        raise ValueError("an empty sweep has no knee")
+    gauges = list(gauges) if gauges is not None else [None] * len(summaries)
+    if len(gauges) != len(summaries):
+        raise ValueError("give one gauge frame (or None) per run")
+    axis, x = load_axis(summaries)
+    order = np.argsort(x)
+    summaries = [summaries[i] for i in order]
+    gauges = [gauges[i] for i in order]
+    x = [x[i] for i in order]
+    if max_num_seqs is None:  # the cap seen across the whole sweep, not per run
+        seen = [float(g["num_requests_running"].max()) for g in gauges
+                if g is not None and "num_requests_running" in g and g["num_requests_running"].notna().any()]
+        cap = int(max(seen)) if seen else None
+    else:
+        cap = max_num_seqs
+    verdicts = [classify_limit(g, cap, max_num_seqs_inferred=max_num_seqs is None) for g in gauges]
+    throughput = [s.get("output_throughput") for s in summaries]
+    ttft = [s.get("median_ttft_ms") for s in summaries]
+    knee = find_knee(x, throughput, ttft, min_gain, ttft_growth)
+    table = pd.DataFrame({
+        axis: x, "output_throughput": throughput, "request_throughput": [s.get("request_throughput") for s in summaries],
+        "median_ttft_ms": ttft, "p99_ttft_ms": [s.get("p99_ttft_ms") for s in summaries],
+        "median_tpot_ms": [s.get("median_tpot_ms") for s in summaries],
+        "limit": [v.limit for v in verdicts],
+        "kv_cache_usage_max": [v.evidence.get("kv_cache_usage_max") for v in verdicts],
+        "waiting_max": [v.evidence.get("waiting_max") for v in verdicts],
+        "running_max": [v.evidence.get("running_max") for v in verdicts],
+        "preemptions": [v.evidence.get("preemptions") for v in verdicts],
+    })
+    if knee is None:
+        return SweepAnalysis(table, None, None, None,
+                             "throughput still grows (or TTFT stays flat) across the sweep: not saturated; "
+                             "extend it to higher load")
+    # The most loaded run past the knee shows the limit most clearly.
+    verdict = verdicts[-1]
+    reason = f"throughput stops growing after {axis} {x[knee]:g}; at {axis} {x[-1]:g}: {verdict.reason}"
+    return SweepAnalysis(table, knee, x[knee], verdict.limit, reason)
+
+
+def analyze_results(results: Sequence[Any], max_num_seqs: int | None = None, **kwargs: Any) -> SweepAnalysis:
+    """``analyze_sweep`` straight from load results (helpers.loadgen.LoadResult with their gauges)."""
+    from helpers.bench_results import summarize
+
+    return analyze_sweep([summarize(r) for r in results], [r.gauges for r in results], max_num_seqs, **kwargs)

@@ -1,0 +1,85 @@
+"""``workshop bench`` / ``workshop metrics`` handlers, against the in-process fake of vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from fake_vllm import MODEL, FakeVllm
+
+from helpers import bench_cli
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="workshop")
+    bench_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    server = FakeVllm(metrics_text=FIXTURE.read_text()).start()
+    monkeypatch.setenv("VLLM_HOST", server.base_url)
+    monkeypatch.setenv("MODEL_NAME", MODEL)
+    yield server
+    server.stop()
+
+
+def test_bench_sweep_prints_a_table_and_saves_vllm_named_json_and_csv(fake, tmp_path, capsys):
+    code = run(["bench", "--concurrency", "1,2", "--input-len", "60", "--output-len", "4", "--num-requests", "4",
+                "--warmup", "1", "--slo", "ttft_ms=500", "--json", str(tmp_path / "r.jsonl"),
+                "--csv", str(tmp_path / "r.csv")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "TTFT p50 ms" in out and "out tok/s" in out
+    runs = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["max_concurrency"] for r in runs] == [1, 2]
+    assert all(r["completed"] == 4 and r["failed"] == 0 and r["total_output_tokens"] == 16 for r in runs)
+    assert runs[0]["request_goodput"] is not None and "p99_ttft_ms" in runs[0]
+    assert runs[0]["server_kv_cache_usage_max"] == 0.4375  # sampled from /metrics during the run
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == 3
+    assert len(fake.chat_payloads) == 2 * (4 + 1)
+
+
+def test_bench_against_an_unreachable_endpoint_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_HOST", "http://127.0.0.1:1/v1")
+    assert run(["bench", "--concurrency", "1", "--input-len", "60", "--output-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Cannot reach the engine") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--concurrency", "1,x"], "--concurrency needs a whole number"),
+    (["--concurrency", "8,1"], "increasing"),
+    (["--rate", "0"], "--rate must be >="),
+    (["--concurrency", "2", "--max-concurrency", "4"], "--max-concurrency caps an open loop"),
+    (["--concurrency", "2", "--slo", "latency_ms=3"], "unknown SLO"),
+    (["--concurrency", "2", "--prefix", "shared"], "shared_prefix_len"),
+])
+def test_bench_bad_input_is_one_line_and_exit_2(flags, message, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_HOST", "http://127.0.0.1:1/v1")
+    assert run(["bench", *flags, "--input-len", "60", "--output-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_metrics_from_a_file_and_from_the_endpoint(fake, capsys):
+    assert run(["metrics", "--file", str(FIXTURE), "--json"]) == 0
+    values = json.loads(capsys.readouterr().out)
+    assert values["kv_cache_usage"] == 0.4375 and values["cache_config"]["block_size"] == 128
+    assert run(["metrics"]) == 0  # the current endpoint (VLLM_HOST) + /metrics, as text
+    out = capsys.readouterr().out
+    assert "prefix_cache_hit_rate: 0.25" in out and "cache_config.num_gpu_blocks: 4096" in out
+
+
+def test_metrics_errors_are_one_line_and_exit_2(capsys, tmp_path):
+    assert run(["metrics", "--file", str(tmp_path / "missing.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert run(["metrics", "--url", "http://127.0.0.1:1/metrics", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Cannot read") and err.count("\n") == 1

@@ -1,0 +1,104 @@
+"""The knee of a sweep and the limit behind it, on synthetic sweeps of each kind; the sweep figures."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from helpers import plots  # noqa: E402
+from helpers.saturation import analyze_sweep, classify_limit, find_knee  # noqa: E402
+
+CONCURRENCY = [1, 4, 8, 16, 32]
+
+
+def gauges(running, waiting, kv, preemptions=0.0, n: int = 20) -> pd.DataFrame:
+    """n samples of a run; scalars are held constant, arrays used as they are."""
+    col = lambda v: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy()  # noqa: E731
+    return pd.DataFrame({"t_s": np.arange(n) * 0.5, "kv_cache_usage": col(kv), "num_requests_running": col(running),
+                         "num_requests_waiting": col(waiting), "num_preemptions": col(preemptions)})
+
+
+def summaries(throughput, ttft_ms):
+    return [{"mode": "concurrency", "concurrency": c, "max_concurrency": c, "request_rate": "inf",
+             "output_throughput": thr, "request_throughput": thr / 128, "median_ttft_ms": ttft,
+             "p99_ttft_ms": ttft * 2, "median_tpot_ms": 10 + c, "median_tokens_per_s_per_user": 1000 / (10 + c)}
+            for c, thr, ttft in zip(CONCURRENCY, throughput, ttft_ms)]
+
+
+def scheduler_sweep():
+    runs = summaries([100, 380, 700, 730, 740], [20, 22, 25, 400, 1200])
+    frames = [gauges(min(c, 8), max(0, c - 8), 0.05 * min(c, 8)) for c in CONCURRENCY]
+    return runs, frames
+
+
+def test_scheduler_cap():
+    runs, frames = scheduler_sweep()
+    result = analyze_sweep(runs, frames, max_num_seqs=8)
+    assert result.knee_index == 2 and result.knee_load == 8
+    assert result.limit == "scheduler"
+    assert "max-num-seqs" in result.reason
+    inferred = analyze_sweep(runs, frames)  # max-num-seqs not given: the highest running count stands in
+    assert inferred.limit == "scheduler" and "inferred" in inferred.reason
+
+
+def test_kv_memory():
+    runs = summaries([100, 380, 700, 760, 770], [20, 22, 26, 300, 900])
+    frames = [gauges(min(c, 14), max(0, c - 14), min(1.0, 0.07 * c)) for c in CONCURRENCY[:-1]]
+    frames.append(gauges(running=np.r_[np.full(10, 14), np.full(10, 12)], waiting=np.r_[np.full(10, 18), np.full(10, 20)],
+                         kv=0.98, preemptions=np.linspace(0, 12, 20)))
+    result = analyze_sweep(runs, frames, max_num_seqs=128)
+    assert result.knee_index == 2
+    assert result.limit == "memory"
+    assert "preemptions" in result.reason
+    assert result.table["limit"].tolist()[-1] == "memory"
+
+
+def test_compute():
+    runs = summaries([100, 380, 700, 740, 750], [20, 24, 30, 70, 160])
+    waiting_blips = np.zeros(20)
+    waiting_blips[7] = 1  # a request arriving between two steps waits for one of them
+    frames = [gauges(c, waiting_blips, 0.01 * c) for c in CONCURRENCY]
+    result = analyze_sweep(runs, frames)
+    assert result.knee_index == 2
+    assert result.limit == "compute"
+    assert result.table["running_max"].tolist() == [float(c) for c in CONCURRENCY]
+
+
+def test_a_sweep_that_keeps_scaling_has_no_knee():
+    runs = summaries([100, 390, 760, 1480, 2900], [20, 21, 23, 26, 31])
+    result = analyze_sweep(runs, [gauges(c, 0, 0.01 * c) for c in CONCURRENCY])
+    assert result.knee_index is None and result.limit is None
+    assert "not saturated" in result.reason
+
+
+def test_find_knee_needs_both_a_flat_throughput_and_a_growing_ttft():
+    assert find_knee([1, 2, 4], [100, 105, 106], [10, 11, 12]) is None  # flat, but latency did not suffer
+    assert find_knee([1, 2, 4], [100, 180, 185], [10, 11, 40]) == 1
+    with pytest.raises(ValueError, match="increasing"):
+        find_knee([4, 2], [1, 2], [1, 2])
+
+
+def test_classify_without_gauges_is_unknown():
+    assert classify_limit(None).limit == "unknown"
+    assert classify_limit(pd.DataFrame({"kv_cache_usage": [0.5]})).limit == "unknown"
+
+
+def test_sweep_figures():
+    runs, frames = scheduler_sweep()
+    table = pd.DataFrame(runs)
+    fig = plots.throughput_vs_load(table, knee=8)
+    assert isinstance(fig, Figure)
+    assert list(fig.axes[0].lines[0].get_xdata()) == CONCURRENCY
+    assert list(fig.axes[0].lines[0].get_ydata()) == [100, 380, 700, 730, 740]
+    fig = plots.latency_vs_load(table)
+    assert len(fig.axes) == 2 and list(fig.axes[0].lines[1].get_ydata()) == [40, 44, 50, 800, 2400]  # p99 TTFT
+    fig = plots.pareto_user_vs_total(table)
+    assert list(fig.axes[0].lines[0].get_xdata()) == [100, 380, 700, 730, 740]
+    fig = plots.server_timeseries(frames[-1])
+    assert fig.axes[0].lines[0].get_ydata().max() == pytest.approx(0.4)
