@@ -51,7 +51,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--max-concurrency", metavar="N", help="open loop: at most N requests in flight")
     p.add_argument("--burstiness", default="1", metavar="B", help="gamma shape of the gaps (1 = Poisson)")
     p.add_argument("--input-len", required=True, metavar="N|LOW:HIGH", help="prompt tokens (chat template included)")
-    p.add_argument("--output-len", required=True, metavar="M|LOW:HIGH", help="output tokens (exact: min_tokens + ignore_eos)")
+    p.add_argument("--output-len", required=True, metavar="M|LOW:HIGH",
+                   help="output tokens (exact: min_tokens + ignore_eos)")
     p.add_argument("--num-requests", metavar="K", help=f"measured requests per run (default {DEFAULT_NUM_REQUESTS} "
                                                        "unless --duration is given)")
     p.add_argument("--duration", metavar="S", help="seconds per run (no new request after it)")

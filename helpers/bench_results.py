@@ -44,7 +44,8 @@ def _p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def latency_stats(name: str, values_s: Iterable[float], percentiles: Iterable[float] = PERCENTILES) -> dict[str, float | None]:
+def latency_stats(name: str, values_s: Iterable[float | None],
+                  percentiles: Iterable[float] = PERCENTILES) -> dict[str, float | None]:
     """mean/median/std/pXX of ``values_s`` in milliseconds, named like vLLM: ``p99_<name>_ms``."""
     values = np.asarray([v for v in values_s if v is not None], dtype=float) * 1000.0
     empty = values.size == 0
@@ -174,7 +175,8 @@ def summarize(result: LoadResult, slos: dict[str, float] | None = None,
         "model_id": result.model, "base_url": result.base_url, "num_prompts": len(result.requests),
         **_traffic(result),
         "mode": result.load.mode, "concurrency": result.load.concurrency,
-        "duration": duration, "completed": len(done), "failed": len(failed), "cancelled": sum(r.cancelled for r in result.requests),
+        "duration": duration, "completed": len(done), "failed": len(failed),
+        "cancelled": sum(r.cancelled for r in result.requests),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": per_s(len(done)),
         "request_goodput": None if good is None else per_s(good),

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import planner_cli, provision_cli
+from helpers import bench_cli, planner_cli, provision_cli
 from helpers.engine import EngineError, LocalEngine, make_engine
 from helpers.session import EndpointError, check_endpoint, connect
 from helpers.settings import SettingsError, load_settings
@@ -111,6 +111,8 @@ def cmd_heldout(args: argparse.Namespace) -> int:
     lab = connect()
     rows, summary = evaluate(lab, n_per_kind=args.n)
     print(json.dumps(summary, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
     if args.csv:
         rows.to_csv(args.csv, index=False)
     return 0
@@ -144,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("heldout", help=cmd_heldout.__doc__)
     p.add_argument("--n", type=int, default=20, help="cases per kind")
     p.add_argument("--csv", default=None, help="write per-case rows here")
+    p.add_argument("--json", default=None, help="write the summary here")
     p.set_defaults(func=cmd_heldout)
+    bench_cli.register(sub)  # bench, metrics
     planner_cli.register(sub)  # memory, gpus
     provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
     return parser

@@ -393,7 +393,7 @@ class _Conversation:
         self.workload = workload
         self.factory = factory
         self.rng = rng
-        self.uid = (salt << 24) | (uid & 0xFFFFFF)
+        self.uid = ((salt & 0xFFFFF) << 24) | (uid & 0xFFFFFF)  # UID_BITS = 20 + 24
         self.messages: list[dict[str, Any]] = []
 
     @property
@@ -420,15 +420,13 @@ class _Conversation:
 
 class _LoadRun:
     def __init__(self, settings: Settings, workload: Workload, load: Load, model: str, factory: PromptFactory,
-                 progress: bool, request_timeout_s: float, max_consecutive_failures: int | None,
-                 lag_interval_s: float, salt: int) -> None:
+                 progress: bool, max_consecutive_failures: int | None, lag_interval_s: float, salt: int) -> None:
         self.settings = settings
         self.workload = workload
         self.load = load
         self.model = model
         self.factory = factory
         self.progress = progress
-        self.request_timeout_s = request_timeout_s
         self.max_failures = max_consecutive_failures
         self.lag_interval_s = lag_interval_s
         self.salt = salt
@@ -660,6 +658,7 @@ class _LoadRun:
             self.issued = 0
             self.budget = load.num_requests
             self.lag.clear()
+            self.max_inflight = self.n_inflight
             result.t_start = self.t_start = time.perf_counter()
             result.started_at = time.time()
             self.deadline = None if load.duration_s is None else result.t_start + load.duration_s
@@ -713,8 +712,8 @@ def _record_chunk(timing: StreamTiming, chunk: dict[str, Any], now: float) -> No
         delta = choice.get("delta") or {}
         content = delta.get("content") or ""
         reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
-        calls = "".join(((tc.get("function") or {}).get("name") or "") + ((tc.get("function") or {}).get("arguments") or "")
-                        for tc in (delta.get("tool_calls") or []))
+        functions = [tc.get("function") or {} for tc in (delta.get("tool_calls") or [])]
+        calls = "".join((f.get("name") or "") + (f.get("arguments") or "") for f in functions)
         other = reasoning + calls
         timing.finish_reason = choice.get("finish_reason") or timing.finish_reason
     completion = usage.get("completion_tokens") if usage else None
@@ -763,8 +762,8 @@ async def arun_load(settings: Settings, workload: Workload, load: Load, *, model
             headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
             prompts = await calibrate_prompts(http, settings.root_url, model, headers,
                                               workload.extra_body.get("chat_template_kwargs"), workload.seed)
-        run = _LoadRun(settings, workload, load, model, prompts, progress, request_timeout_s,
-                       max_consecutive_failures, lag_interval_s, salt)
+        run = _LoadRun(settings, workload, load, model, prompts, progress, max_consecutive_failures, lag_interval_s,
+                       salt)
         return await run.execute(http)
 
 
@@ -812,13 +811,13 @@ async def arun_sweep(settings: Settings, workload: Workload, *, concurrencies: l
                                               workload.extra_body.get("chat_template_kwargs"), workload.seed)
         for one in loads:
             sampler = server_metrics.GaugeSampler(settings.metrics_url, sample_interval_s) if metrics else None
-            if sampler is not None:
-                await asyncio.to_thread(sampler.start)
             try:
+                if sampler is not None:
+                    await asyncio.to_thread(sampler.start)
                 result = await arun_load(settings, workload, one, model=model, prompts=prompts, **kwargs)
             finally:
                 if sampler is not None:
-                    frame = await asyncio.to_thread(sampler.stop)
+                    frame = sampler.stop()  # a join and one scrape: short, and must happen even when cancelled
             if sampler is not None:
                 if sampler.first is None:
                     warnings.warn(f"no server gauges for this run: {sampler.last_error}", stacklevel=2)
@@ -832,8 +831,7 @@ async def arun_sweep(settings: Settings, workload: Workload, *, concurrencies: l
         current = asyncio.current_task()
         if current is not None:
             current.uncancel()
-        if results:
-            results[-1].interrupted = True
+        warnings.warn(f"sweep interrupted between runs: {len(results)} of {len(loads)} runs done", stacklevel=2)
     return results
 
 

@@ -78,9 +78,12 @@ def throughput_vs_load(table: pd.DataFrame, x: str | None = None, knee: float | 
     right = ax.twinx()
     right.plot(data[x], data["request_throughput"], marker="s", linestyle="--", color="tab:orange", label="requests/s")
     right.set_ylabel("requests/s", color="tab:orange")
+    ax.set_ylim(bottom=0)
+    right.set_ylim(bottom=0)
     if knee is not None:
         ax.axvline(knee, color="tab:red", linestyle=":", label=f"knee at {knee:g}")
-    ax.legend(loc="upper left")
+    lines, more = ax.get_legend_handles_labels(), right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
     ax.set_title(title)
     return fig
 
@@ -133,6 +136,7 @@ def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during th
     right.step(t, gauges["num_requests_running"], where="post", color="tab:green", label="running")
     right.step(t, gauges["num_requests_waiting"], where="post", color="tab:red", label="waiting")
     right.set_ylabel("requests")
+    right.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")

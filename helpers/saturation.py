@@ -83,7 +83,8 @@ def classify_limit(gauges: pd.DataFrame | None, max_num_seqs: int | None = None,
                 "running_at_cap_share": float(at_cap), "max_num_seqs": cap, "max_num_seqs_inferred": inferred}
     if kv_max is not None and kv_max >= kv_full and (preemptions > 0 or share_waiting >= waiting_share):
         return LimitVerdict("memory", f"KV cache {kv_max:.0%} full with {preemptions:.0f} preemptions and requests "
-                                      f"waiting in {share_waiting:.0%} of samples: the KV cache caps the batch", evidence)
+                                      f"waiting in {share_waiting:.0%} of samples: the KV cache caps the batch",
+                            evidence)
     if share_waiting >= waiting_share and at_cap >= at_cap_share:
         how = "the most seen running (max-num-seqs inferred)" if inferred else "max-num-seqs"
         kv_text = "unknown" if kv_max is None else f"at most {kv_max:.0%}"
@@ -138,7 +139,8 @@ def analyze_sweep(summaries: Sequence[dict[str, Any]], gauges: Sequence[pd.DataF
     ttft = [s.get("median_ttft_ms") for s in summaries]
     knee = find_knee(x, throughput, ttft, min_gain, ttft_growth)
     table = pd.DataFrame({
-        axis: x, "output_throughput": throughput, "request_throughput": [s.get("request_throughput") for s in summaries],
+        axis: x, "output_throughput": throughput,
+        "request_throughput": [s.get("request_throughput") for s in summaries],
         "median_ttft_ms": ttft, "p99_ttft_ms": [s.get("p99_ttft_ms") for s in summaries],
         "median_tpot_ms": [s.get("median_tpot_ms") for s in summaries],
         "limit": [v.limit for v in verdicts],

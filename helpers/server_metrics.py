@@ -236,9 +236,10 @@ def _histogram_fields(key: str, hist: Histogram | None) -> dict[str, float | Non
 
 def _spec_fields(drafts: float | None, draft_tokens: float | None, accepted: float | None,
                  per_pos: dict[int, float]) -> dict[str, Any]:
+    per_draft = _ratio(accepted, drafts)
     return {
         "spec_decode_acceptance_rate": _ratio(accepted, draft_tokens),  # fraction 0..1
-        "spec_decode_mean_acceptance_length": None if _ratio(accepted, drafts) is None else 1 + accepted / drafts,  # type: ignore[operator]
+        "spec_decode_mean_acceptance_length": None if per_draft is None else 1 + per_draft,
         "spec_decode_per_position_acceptance_rate": ([per_pos[p] / drafts for p in sorted(per_pos)]
                                                      if per_pos and drafts else None),
     }
@@ -342,14 +343,16 @@ class GaugeSampler:
             self._sample()
 
     def start(self) -> "GaugeSampler":
+        """Scrape once, then keep sampling in a thread until ``stop()`` (a sampler is used once)."""
         self._client = httpx.Client()
-        self._stop.clear()
         self._sample()
-        self._thread = threading.Thread(target=self._loop, name="gauge-sampler", daemon=True)
-        self._thread.start()
+        if not self._stop.is_set():  # stop() may already have been called from another thread
+            self._thread = threading.Thread(target=self._loop, name="gauge-sampler", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> pd.DataFrame:
+        """Stop sampling, scrape a last time, and return all samples."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -151,7 +151,8 @@ def test_server_window_and_gauges_join_the_summary_with_vllms_spec_decode_units(
     run = synthetic_run()
     run.server = {"prefix_cache_hit_rate": 0.5, "spec_decode_num_drafts": 100.0, "spec_decode_num_draft_tokens": 300.0,
                   "spec_decode_num_accepted_tokens": 150.0, "spec_decode_acceptance_rate": 0.5,
-                  "spec_decode_mean_acceptance_length": 2.5, "spec_decode_per_position_acceptance_rate": [0.7, 0.5, 0.3]}
+                  "spec_decode_mean_acceptance_length": 2.5,
+                  "spec_decode_per_position_acceptance_rate": [0.7, 0.5, 0.3]}
     run.gauges = pd.DataFrame({"kv_cache_usage": [0.1, 0.8], "num_requests_running": [2, 4],
                                "num_requests_waiting": [0, 3]})
     s = summarize(run)

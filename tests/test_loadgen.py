@@ -190,14 +190,15 @@ def test_cancelling_the_task_returns_partial_results(make_fake):
     async def main():
         task = asyncio.ensure_future(arun_load(settings_for(fake), Workload(input_len=60, output_len=15),
                                                Load(concurrency=2, num_requests=100)))
-        while fake.finished < 3:
+        while fake.finished < 4:
             await asyncio.sleep(0.01)
         task.cancel()
         return await task
 
     result = asyncio.run(main())
     assert result.interrupted and "interrupted" in result.stop_reason
-    assert 3 <= len(result.completed) < 100
+    # the server finished 4; at most 2 (the concurrency) may still have been read by the client
+    assert 2 <= len(result.completed) < 100
     assert any(r.cancelled for r in result.requests)
     summary = summarize(result)
     assert summary["completed"] == len(result.completed) and summary["failed"] == 0
@@ -209,14 +210,14 @@ def test_ctrl_c_in_the_sync_wrapper_returns_partial_results(make_fake):
 
     def interrupt_when_some_finished():
         deadline = time.monotonic() + 10
-        while fake.finished < 3 and time.monotonic() < deadline:
+        while fake.finished < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         _thread.interrupt_main()  # what Ctrl-C (or Jupyter's interrupt) does
 
     threading.Thread(target=interrupt_when_some_finished, daemon=True).start()
     result = run_load(settings_for(fake), Workload(input_len=60, output_len=15), Load(concurrency=2, num_requests=100))
     assert result.interrupted
-    assert 3 <= len(result.completed) < 100
+    assert 2 <= len(result.completed) < 100
 
 
 def test_a_dying_server_ends_the_run_with_what_was_gathered(make_fake):

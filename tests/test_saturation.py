@@ -50,8 +50,8 @@ def test_scheduler_cap():
 def test_kv_memory():
     runs = summaries([100, 380, 700, 760, 770], [20, 22, 26, 300, 900])
     frames = [gauges(min(c, 14), max(0, c - 14), min(1.0, 0.07 * c)) for c in CONCURRENCY[:-1]]
-    frames.append(gauges(running=np.r_[np.full(10, 14), np.full(10, 12)], waiting=np.r_[np.full(10, 18), np.full(10, 20)],
-                         kv=0.98, preemptions=np.linspace(0, 12, 20)))
+    frames.append(gauges(running=np.r_[np.full(10, 14), np.full(10, 12)],
+                         waiting=np.r_[np.full(10, 18), np.full(10, 20)], kv=0.98, preemptions=np.linspace(0, 12, 20)))
     result = analyze_sweep(runs, frames, max_num_seqs=128)
     assert result.knee_index == 2
     assert result.limit == "memory"
