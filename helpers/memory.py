@@ -26,6 +26,7 @@ from helpers.gpus import GPU, get_gpu
 
 ModelSource = Union[str, os.PathLike, Mapping[str, Any]]
 
+REFERENCE_CONFIGS = Path(__file__).resolve().parent / "data" / "configs"  # published config.json files, by model name
 GIB = 1 << 30  # vLLM's GiB_bytes (vllm/utils/mem_constants.py)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization (0.9 before)
 GPU_BLOCK_SIZE = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
@@ -849,3 +850,20 @@ def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype:
     cache = vllm_kv_cache(kv, kv_memory, max_model_len, block_size or GPU_BLOCK_SIZE, in_flight)
     return replace(plan, gpu=spec.name, total_memory_bytes=total, gpu_memory_utilization=gpu_memory_utilization,
                    overhead=overhead, kv_cache=cache)
+
+
+def plan_row(plan: MemoryPlan, conversation_tokens: int | None = None) -> dict[str, Any]:
+    """One plan as a table row in GB (1e9 bytes); ``conversation_tokens`` adds how many such conversations fit."""
+    cache = plan.kv_cache
+    row: dict[str, Any] = {"model": plan.model, "gpu": plan.gpu, "weights": plan.weight_dtype, "kv": plan.kv_dtype,
+                           "weights_gb": plan.weight_bytes / 1e9, "kv_bytes_per_token": plan.kv_bytes_per_token}
+    if plan.total_memory_bytes is not None and plan.gpu_memory_utilization is not None:
+        row["budget_gb"] = plan.total_memory_bytes * plan.gpu_memory_utilization / 1e9
+    if plan.overhead is not None:
+        row["overhead_gb"] = plan.overhead.total_bytes / 1e9
+    if cache is not None:
+        row.update(kv_cache_gb=max(0, cache.kv_memory_bytes) / 1e9, kv_cache_tokens=cache.kv_cache_tokens,
+                   max_concurrency_at_max_len=round(cache.max_concurrency, 2), fits=cache.fits)
+        if conversation_tokens:
+            row[f"conversations_of_{conversation_tokens}_tokens"] = cache.kv_cache_tokens // conversation_tokens
+    return row

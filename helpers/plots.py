@@ -142,3 +142,19 @@ def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during th
     ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
     ax.set_title(title)
     return fig
+
+
+def memory_budget(rows: pd.DataFrame, label: str = "gpu", title: str = "Where the GPU's memory goes") -> Figure:
+    """Stacked bars of weights, overhead and KV cache (GB) per row of ``memory.plan_row`` output."""
+    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(rows)), constrained_layout=True)
+    names = [str(x) for x in rows[label]]
+    left = pd.Series(0.0, index=rows.index)
+    for column, name in (("weights_gb", "weights"), ("overhead_gb", "overhead (estimate)"), ("kv_cache_gb", "KV cache")):
+        ax.barh(names, rows[column], left=left, label=name)
+        left = left + rows[column]
+    if "budget_gb" in rows:
+        ax.scatter(rows["budget_gb"], names, marker="|", s=300, color="black", label="memory x utilization")
+    ax.set_xlabel("GB (1e9 bytes)")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize="small")
+    return fig

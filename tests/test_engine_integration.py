@@ -73,6 +73,25 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
     assert "prompt tokens grew from" in text
 
 
+def test_planner_predicts_vllm_kv_capacity_to_the_token(lab):
+    from helpers.memory import cpu_kv_cache, kv_cache_bytes, model_shape
+    from helpers.server_metrics import scrape
+
+    config = lab.engine.config()
+    predicted = cpu_kv_cache(kv_cache_bytes(model_shape(config.model)), int(flag_value(config.args, "--max-model-len")),
+                             kv_cache_memory_bytes=int(flag_value(config.args, "--kv-cache-memory-bytes")))
+    reported = scrape(lab.settings.metrics_url).cache_config()
+    assert reported["num_gpu_blocks"] == predicted.num_blocks
+    assert reported["kv_cache_size_tokens"] == predicted.vllm_kv_cache_size_tokens
+
+
+def test_notebook_02_compares_prediction_with_the_engine(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "02_units_and_memory_budget.ipynb", tmp_path)
+    nb = nbformat.read(run.output, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "(exact)" in text
+
+
 def test_a_killed_engine_is_explained_and_restart_recovers(lab):
     os.killpg(lab.engine.pid, signal.SIGKILL)
     with pytest.raises(EndpointError, match="stopped answering.*restart"):

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.memory import REFERENCE_CONFIGS
 from helpers import memory
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = REFERENCE_CONFIGS
 
 # Published parameter counts (model cards / safetensors totals, model-math.md) and KV bytes per token in BF16.
 PUBLISHED = {

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.memory import REFERENCE_CONFIGS
 from helpers import gpus, planner_cli
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = REFERENCE_CONFIGS
 
 
 def _run(argv: list[str]) -> int:

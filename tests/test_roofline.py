@@ -9,9 +9,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
+from helpers.memory import REFERENCE_CONFIGS
 from helpers import gpus, memory, roofline
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = REFERENCE_CONFIGS
 
 
 def test_gpu_lookup_ignores_case_and_punctuation() -> None:
