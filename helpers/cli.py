@@ -96,11 +96,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
-    """Rebuild a tiny model from its seed (see helpers/tiny_models.py)."""
-    from helpers.tiny_models import train
+    """Rebuild the tiny agent model from its seeds, both stages (see helpers/tiny_models.py)."""
+    from helpers.tiny_models import build
 
-    record = train(Path(args.out), args.steps, batch_size=args.batch_size, seed=args.seed)
-    print(f"trained {record['params']:,} parameters in {record['train_seconds']:.0f} s -> {args.out}")
+    records = build(Path(args.out), args.stage1_steps, args.stage2_steps, args.batch_size)
+    seconds = sum(r["train_seconds"] for r in records)
+    print(f"trained {records[0]['params']:,} parameters in {seconds:.0f} s -> {args.out}")
     return 0
 
 
@@ -139,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build-model", help=cmd_build_model.__doc__)
     p.add_argument("--out", default="models/tiny-agent")
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--stage1-steps", type=int, default=2000)
+    p.add_argument("--stage2-steps", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=48)
-    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_build_model)
     p = sub.add_parser("heldout", help=cmd_heldout.__doc__)
     p.add_argument("--n", type=int, default=20, help="cases per kind")

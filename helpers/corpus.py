@@ -201,6 +201,44 @@ SYLLABLES = ["ka", "lo", "mer", "vi", "sa", "dor", "an", "tu", "ri", "bel", "os"
              "za", "mi", "ker", "ul", "ta", "ven", "ho", "li", "rak", "du", "es", "fan", "go", "nis"]
 
 
+# Stage-2 phrasings, composed from parts so the model keys on intent words rather than whole
+# templates. Any composition that matches a held-out template (ignoring case and punctuation) is
+# dropped, so the held-out phrasings stay unseen.
+OPENERS = ["", "what's the", "what is the", "tell me the", "give me the", "check the", "show me the", "get the",
+           "look up the", "I want the", "find the", "can you get the", "I'd like the", "need the"]
+WEATHER_WORDS = ["weather", "forecast", "temperature", "conditions", "weather report", "current weather"]
+TIME_WORDS = ["time", "local time", "current time", "clock", "hour", "time right now"]
+PREPOSITIONS = ["in", "for", "at", "over in"]
+CALC_OPENERS = ["", "what is", "calc", "compute", "work out", "figure out", "find", "solve", "calculate",
+                "result of", "how much is", "please compute", "can you solve", "math:", "quick:"]
+CONVERT_OPENERS = ["convert", "change", "turn", "switch", "express", "please convert", "can you convert", "could you change"]
+NOISE_PREFIXES = ["", "", "", "please ", "hey, ", "quick question: ", "hi! ", "ok, ", "so ", "hmm, ", "tell me, "]
+NOISE_SUFFIXES = ["", "", "", " please", " thanks", "?", " now", " for me", "!", " thx"]
+
+
+def _normalized(text: str) -> str:
+    return " ".join("".join(ch for ch in text.lower() if ch.isalnum() or ch in "{} ").split())
+
+
+def augmented_templates() -> dict[str, list[str]]:
+    """Composed training phrasings per kind, none equal to a held-out template."""
+    heldout = {_normalized(t) for lst in (WEATHER_Q, TIME_Q, CALC_Q, CALC_EXPR_Q, CONVERT_Q)
+               for t in split_templates(lst, heldout=True)}
+    out = {
+        "weather": [f"{o} {w} {p} {{city}}" for o in OPENERS for w in WEATHER_WORDS for p in PREPOSITIONS],
+        "time": [f"{o} {w} {p} {{city}}" for o in OPENERS for w in TIME_WORDS for p in PREPOSITIONS],
+        "calculator": [f"{o} {{a}} {{op}} {{b}}" for o in CALC_OPENERS],
+        "convert": [f"{o} {{v}} {{u1}} {m} {{u2}}" for o in CONVERT_OPENERS for m in ("to", "into", "in")]
+                   + [f"how many {{u2}} {v} {{v}} {{u1}}" for v in ("in", "is", "are", "make")],
+    }
+    return {k: sorted({" ".join(t.split()) for t in v if _normalized(t) not in heldout}) for k, v in out.items()}
+
+
+def _noisy(rng: random.Random, question: str) -> str:
+    question = rng.choice(NOISE_PREFIXES) + question + rng.choice(NOISE_SUFFIXES)
+    return question[0].upper() + question[1:] if rng.random() < 0.5 else question
+
+
 @dataclass
 class Example:
     """One conversation, what it tests, and the expected tool call (if any)."""
@@ -261,8 +299,39 @@ def _fake_city(rng: random.Random) -> str:
     return name.capitalize()
 
 
-def make_example(rng: random.Random, kind: str, heldout: bool, city_pool: list[str] | None = None) -> Example:
-    """One conversation of a given kind, phrased from the training or held-out templates."""
+def make_example(rng: random.Random, kind: str, heldout: bool, city_pool: list[str] | None = None,
+                 augment: bool = False) -> Example:
+    """One conversation of a given kind, phrased from the training or held-out templates.
+
+    ``augment`` (training only): half the time a composed phrasing, and noise around the question.
+    """
+    if augment and not heldout and kind in ("weather", "time", "calculator", "convert") and rng.random() < 0.5:
+        example = _augmented_example(rng, kind)
+    else:
+        example = _make_example(rng, kind, heldout, city_pool)
+    if augment and not heldout and kind != "copy":
+        example.messages[0]["content"] = _noisy(rng, example.messages[0]["content"])
+    return example
+
+
+def _augmented_example(rng: random.Random, kind: str) -> Example:
+    template = rng.choice(augmented_templates()[kind])
+    if kind in ("weather", "time"):
+        city = rng.choice(list(T.city_catalog()))
+        name, answers = ("get_weather", WEATHER_A) if kind == "weather" else ("get_time", TIME_A)
+        return _tool_round(rng, kind, template.format(city=city), name, {"city": city}, answers)
+    if kind == "calculator":
+        sym = rng.choice(list(CALC_OPS))
+        a, b = _number(rng), _number(rng, 1)
+        question = template.format(a=a, b=b, op=rng.choice(CALC_OPS[sym]))
+        return _tool_round(rng, kind, question, "calculator", {"expression": f"{a} {sym} {b}"}, CALC_A)
+    u1, u2 = rng.choice(UNIT_PAIRS)
+    value = _number(rng, 1)
+    question = template.format(v=value, u1=rng.choice(UNIT_WORDS[u1]), u2=rng.choice(UNIT_WORDS[u2]))
+    return _tool_round(rng, kind, question, "convert_units", {"value": value, "from_unit": u1, "to_unit": u2}, CONVERT_A)
+
+
+def _make_example(rng: random.Random, kind: str, heldout: bool, city_pool: list[str] | None = None) -> Example:
     cities = city_pool or list(T.city_catalog())
     if kind in ("weather", "time", "unknown"):
         asks_weather = kind == "weather" or (kind == "unknown" and rng.random() < 0.5)
@@ -308,16 +377,16 @@ TRAIN_MIX = {"weather": 0.2, "time": 0.15, "calculator": 0.18, "convert": 0.18, 
              "copy": 0.08}
 
 
-def training_conversations(seed: int) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+def training_conversations(seed: int, augment: bool = False) -> Iterator[tuple[list[dict[str, Any]], bool]]:
     """An endless stream of (messages, with_tools) for training; a third start with an earlier exchange."""
     rng = random.Random(seed)
     kinds, weights = zip(*TRAIN_MIX.items())
     while True:
         kind = rng.choices(kinds, weights)[0]
-        example = make_example(rng, kind, heldout=False)
+        example = make_example(rng, kind, heldout=False, augment=augment)
         messages = example.messages
         if rng.random() < 0.33:
-            earlier = make_example(rng, rng.choices(kinds, weights)[0], heldout=False)
+            earlier = make_example(rng, rng.choices(kinds, weights)[0], heldout=False, augment=augment)
             messages = earlier.messages + messages
         yield messages, not (kind == "chat" and rng.random() < 0.3)
 

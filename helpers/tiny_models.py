@@ -91,7 +91,7 @@ def encode_example(tok, messages: list[dict[str, Any]], with_tools: bool) -> tup
     return enc.ids, labels
 
 
-def batches(tok, seed: int, batch_size: int, pool: int = 8) -> Iterator[tuple[Any, Any, Any]]:
+def batches(tok, seed: int, batch_size: int, pool: int = 8, augment: bool = False) -> Iterator[tuple[Any, Any, Any]]:
     """Padded (input_ids, attention_mask, labels) tensors from the endless training stream.
 
     Conversations are drawn ``pool`` batches at a time and grouped by length, so little is padding.
@@ -101,7 +101,7 @@ def batches(tok, seed: int, batch_size: int, pool: int = 8) -> Iterator[tuple[An
     import torch
 
     pad = tok.token_to_id(cf.EOT)
-    stream = corpus.training_conversations(seed)
+    stream = corpus.training_conversations(seed, augment=augment)
     order = random.Random(seed + 1)
     while True:
         rows = sorted((encode_example(tok, m, t) for m, t in itertools.islice(stream, batch_size * pool)),
@@ -144,31 +144,42 @@ def first_call_exact_rate(model, tok, examples: list[corpus.Example]) -> float:
 
 def train(out: Path, steps: int, batch_size: int = 48, lr: float = 2e-3, seed: int = 0,
           shape: ModelShape = ModelShape(), log_every: int = 50, eval_every: int = 250,
-          checkpoint_every: int = 500) -> dict[str, Any]:
-    """Build the tokenizer, train the model, save both under ``out``; returns the training record."""
+          checkpoint_every: int = 500, init_from: Path | None = None, augment: bool = False,
+          stage: str = "stage1") -> dict[str, Any]:
+    """Train one stage and save model and tokenizer under ``out``; returns the training record.
+
+    Without ``init_from``: build the tokenizer and start from random weights. With it: continue from
+    that model and its tokenizer (stage 2 trains on composed, noisier phrasings: ``augment``).
+    """
     import torch
+    from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(seed)
+    tok = Tokenizer.from_file(str(Path(init_from) / "tokenizer.json")) if init_from else build_tokenizer(seed)
     save_tokenizer(tok, out)
     eos, pad = tok.token_to_id(cf.IM_END), tok.token_to_id(cf.EOT)
-    config = Qwen3Config(vocab_size=64 * math.ceil(tok.get_vocab_size() / 64), tie_word_embeddings=True,
-                         rope_theta=10000.0, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
-                         dtype="bfloat16", **shape.__dict__)
-    model = Qwen3ForCausalLM(config)
+    if init_from:
+        model = Qwen3ForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+        config = model.config
+    else:
+        config = Qwen3Config(vocab_size=64 * math.ceil(tok.get_vocab_size() / 64), tie_word_embeddings=True,
+                             rope_theta=10000.0, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
+                             dtype="bfloat16", **shape.__dict__)
+        model = Qwen3ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, min(200, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
     probe = corpus.heldout_cases(n_per_kind=12)[:48]
-    record: dict[str, Any] = {"params": n_params, "steps": steps, "batch_size": batch_size, "seed": seed,
+    record: dict[str, Any] = {"stage": stage, "params": n_params, "steps": steps, "batch_size": batch_size,
+                              "seed": seed, "lr": lr, "augment": augment, "init_from": init_from is not None,
                               "shape": shape.__dict__, "log": []}
     start, tokens = time.monotonic(), 0
     print(f"training {n_params:,} parameters, vocab {config.vocab_size}, {steps} steps x {batch_size}", flush=True)
-    for step, (ids, mask, labels) in enumerate(batches(tok, seed, batch_size), start=1):
+    for step, (ids, mask, labels) in enumerate(batches(tok, seed, batch_size, augment=augment), start=1):
         with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls, fp32 master weights
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -188,8 +199,16 @@ def train(out: Path, steps: int, batch_size: int = 48, lr: float = 2e-3, seed: i
             break
     record["train_seconds"] = round(time.monotonic() - start, 1)
     record["train_tokens"] = tokens
-    (out / "training_record.json").write_text(json.dumps(record, indent=1))
+    (out / f"training_record_{stage}.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def build(out: Path, stage1_steps: int = 2000, stage2_steps: int = 500, batch_size: int = 48) -> list[dict[str, Any]]:
+    """The whole recipe of the shipped tiny-agent: stage 1 from scratch, stage 2 on composed phrasings."""
+    first = train(out, stage1_steps, batch_size=batch_size, lr=2e-3, seed=0, stage="stage1")
+    second = train(out, stage2_steps, batch_size=batch_size, lr=1e-3, seed=1, init_from=out, augment=True,
+                   stage="stage2")
+    return [first, second]
 
 
 def _save_model(model, out: Path, eos: int, pad: int) -> None:
@@ -205,11 +224,11 @@ def _save_model(model, out: Path, eos: int, pad: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Rebuild a tiny agent model from its seed.")
     parser.add_argument("--out", type=Path, default=Path("models/tiny-agent"))
-    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--stage1-steps", type=int, default=2000)
+    parser.add_argument("--stage2-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=48)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    train(args.out, args.steps, batch_size=args.batch_size, seed=args.seed)
+    build(args.out, args.stage1_steps, args.stage2_steps, args.batch_size)
 
 
 if __name__ == "__main__":

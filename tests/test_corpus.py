@@ -39,3 +39,18 @@ def test_training_stream_is_reproducible_and_tool_results_are_consistent():
                 result = json.loads(messages[i + 1]["content"])
                 args = json.loads(m["tool_calls"][0]["function"]["arguments"])
                 assert result.get("city", args.get("city")) == args.get("city", result.get("city"))
+
+
+def test_composed_phrasings_never_equal_a_heldout_template():
+    heldout = {corpus._normalized(t) for lst in (corpus.WEATHER_Q, corpus.TIME_Q, corpus.CALC_Q, corpus.CALC_EXPR_Q,
+                                                 corpus.CONVERT_Q) for t in corpus.split_templates(lst, heldout=True)}
+    composed = corpus.augmented_templates()
+    assert all(len(v) >= 10 for v in composed.values())
+    assert not {corpus._normalized(t) for v in composed.values() for t in v} & heldout
+
+
+def test_stage1_stream_does_not_change_when_augmentation_exists():
+    plain = list(itertools.islice(corpus.training_conversations(5), 30))
+    augmented = list(itertools.islice(corpus.training_conversations(5, augment=True), 30))
+    assert plain == list(itertools.islice(corpus.training_conversations(5), 30))
+    assert plain != augmented
