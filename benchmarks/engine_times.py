@@ -34,6 +34,7 @@ def main() -> None:
             t = stream_chat(lab.client, lab.model, [{"role": "user", "content": "tell me a joke"}],
                             max_tokens=args.output_len, extra_body={"ignore_eos": True, "min_tokens": args.output_len})
             decode.append(1 / t.tpot_s)
+            print(t.summary(), flush=True)
         start = time.monotonic()
         lab.engine.restart()
         restart_s = time.monotonic() - start
