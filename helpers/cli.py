@@ -68,6 +68,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if cmd_up(argparse.Namespace(timeout=None)) != 0:
         return 1
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOK_DIR}", *args.jupyter_args]
+    if os.geteuid() == 0 and "--allow-root" not in cmd:  # containers often run as root; JupyterLab refuses it otherwise
+        cmd.append("--allow-root")
     print("starting JupyterLab:", " ".join(cmd[2:]))
     os.execv(sys.executable, cmd)
     return 0  # not reached
@@ -129,9 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help=cmd_status.__doc__)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("lab", help=cmd_lab.__doc__)
-    p.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed to JupyterLab (e.g. --no-browser)")
-    p.set_defaults(func=cmd_lab)
+    p = sub.add_parser("lab", help=cmd_lab.__doc__, epilog="Other arguments go to JupyterLab (e.g. --no-browser).")
+    p.set_defaults(func=cmd_lab, jupyter_args=[])
     p = sub.add_parser("run", help=cmd_run.__doc__)
     p.add_argument("notebooks", nargs="*", help="notebook paths (default: all numbered notebooks)")
     p.add_argument("-p", "--param", action="append", default=[], help="override a parameter: NAME=VALUE")
@@ -156,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.jupyter_args = extra if args.command == "lab" else []
     try:
         return args.func(args)
     except (SettingsError, EngineError, EndpointError) as err:

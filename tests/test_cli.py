@@ -27,3 +27,25 @@ def test_down_without_engine(capsys, monkeypatch):
     monkeypatch.setenv("WORKSHOP_PORT", "1")
     assert main(["down"]) == 0
     assert "no local engine" in capsys.readouterr().out
+
+
+def test_lab_passes_unknown_arguments_to_jupyterlab(monkeypatch):
+    import helpers.cli as cli
+
+    seen = {}
+
+    def fake_lab(args):
+        seen["args"] = args.jupyter_args
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_lab", fake_lab)
+    assert cli.main(["lab", "--no-browser", "--port", "8890"]) == 0
+    assert seen["args"] == ["--no-browser", "--port", "8890"]
+
+
+def test_other_commands_refuse_unknown_arguments(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["status", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
