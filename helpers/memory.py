@@ -867,3 +867,27 @@ def plan_row(plan: MemoryPlan, conversation_tokens: int | None = None) -> dict[s
         if conversation_tokens:
             row[f"conversations_of_{conversation_tokens}_tokens"] = cache.kv_cache_tokens // conversation_tokens
     return row
+
+
+def predict_cpu_engine_kv(model_dir: ModelSource, engine_args: list[str] | tuple[str, ...]) -> VllmKVCache:
+    """What vLLM's CPU build will report for a model started with these flags (--kv-cache-memory-bytes, --max-model-len)."""
+    from helpers.engine import flag_value
+
+    kv_memory, max_len = flag_value(engine_args, "--kv-cache-memory-bytes"), flag_value(engine_args, "--max-model-len")
+    if not isinstance(kv_memory, str) or not isinstance(max_len, str):
+        raise ConfigError("the engine's flags need --kv-cache-memory-bytes and --max-model-len for a CPU prediction")
+    block = flag_value(engine_args, "--block-size")
+    return cpu_kv_cache(kv_cache_bytes(model_shape(model_dir)), int(max_len), kv_cache_memory_bytes=int(kv_memory),
+                        block_size=int(block) if isinstance(block, str) else None)
+
+
+def compare_with_engine(predicted: VllmKVCache, reported: Mapping[str, Any] | None) -> "pd.DataFrame":
+    """Prediction and ``vllm:cache_config_info`` side by side (one row per figure)."""
+    import pandas as pd
+
+    reported = reported or {}
+    ours = {"num_gpu_blocks": predicted.num_blocks, "block_size": predicted.block_size,
+            "kv_cache_size_tokens": predicted.vllm_kv_cache_size_tokens,
+            "kv_cache_max_concurrency": round(predicted.max_concurrency, 2)}
+    rows = [{"figure": k, "predicted": v, "vLLM reports": reported.get(k)} for k, v in ours.items()]
+    return pd.DataFrame(rows, dtype=object).set_index("figure")

@@ -74,15 +74,15 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
 
 
 def test_planner_predicts_vllm_kv_capacity_to_the_token(lab):
-    from helpers.memory import cpu_kv_cache, kv_cache_bytes, model_shape
+    from helpers.memory import compare_with_engine, predict_cpu_engine_kv
     from helpers.server_metrics import scrape
 
-    config = lab.engine.config()
-    predicted = cpu_kv_cache(kv_cache_bytes(model_shape(config.model)), int(flag_value(config.args, "--max-model-len")),
-                             kv_cache_memory_bytes=int(flag_value(config.args, "--kv-cache-memory-bytes")))
+    predicted = predict_cpu_engine_kv(lab.engine.config().model, lab.engine.args())
     reported = scrape(lab.settings.metrics_url).cache_config()
     assert reported["num_gpu_blocks"] == predicted.num_blocks
     assert reported["kv_cache_size_tokens"] == predicted.vllm_kv_cache_size_tokens
+    table = compare_with_engine(predicted, reported)
+    assert (table["predicted"] == table["vLLM reports"]).all()
 
 
 def test_notebook_02_compares_prediction_with_the_engine(lab, tmp_path):

@@ -346,3 +346,17 @@ def test_config_errors_say_what_is_missing(tmp_path: Path) -> None:
         memory.count_params({**_config("Qwen3-4B"), "hidden_size": "big"})
     with pytest.raises(memory.ConfigError, match="linear_num_key_heads"):
         memory.count_params({k: v for k, v in _hybrid_config().items() if k != "linear_num_key_heads"})
+
+
+def test_predict_cpu_engine_kv_reads_the_engine_flags():
+    from helpers.memory import compare_with_engine, predict_cpu_engine_kv
+
+    args = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
+    predicted = predict_cpu_engine_kv(REFERENCE_CONFIGS / "Qwen3-0.6B.json", args)
+    assert predicted.block_size == 128
+    assert predicted.num_blocks == (1 << 30) // (128 * 114_688)  # one block of all 28 layers: 128 x 114,688 B
+    table = compare_with_engine(predicted, {"num_gpu_blocks": predicted.num_blocks})
+    assert table.loc["num_gpu_blocks", "vLLM reports"] == predicted.num_blocks
+    assert table.loc["block_size", "vLLM reports"] != table.loc["block_size", "predicted"]  # missing, not equal
+    with pytest.raises(memory.ConfigError, match="--kv-cache-memory-bytes"):
+        predict_cpu_engine_kv(REFERENCE_CONFIGS / "Qwen3-0.6B.json", ["--enforce-eager"])
