@@ -186,10 +186,7 @@ class Engine(ABC):
 
     def served_models(self, timeout_s: float = 3.0) -> list[str]:
         """The model names ``/v1/models`` lists now; raises httpx errors when unreachable."""
-        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
-        resp = httpx.get(self.settings.base_url + "/models", headers=headers, timeout=timeout_s)
-        resp.raise_for_status()
-        return [m["id"] for m in resp.json().get("data", [])]
+        return list_models(self.settings, timeout_s)
 
     def is_ready(self) -> bool:
         """True when ``/v1/models`` lists the expected model."""
@@ -201,6 +198,13 @@ class Engine(ABC):
     def status(self) -> dict[str, Any]:
         """Endpoint, model, flags and readiness, safe to print (no secrets)."""
         return {**self.settings.describe(), "model": self.model, "args": self.args(), "ready": self.is_ready()}
+
+
+def list_models(settings: Settings, timeout_s: float = 3.0) -> list[str]:
+    """The model names the endpoint's ``/v1/models`` lists; raises httpx errors (HTTPStatusError on 4xx/5xx)."""
+    resp = httpx.get(settings.base_url + "/models", headers=settings.auth_headers(), timeout=timeout_s)
+    resp.raise_for_status()
+    return [m["id"] for m in resp.json().get("data", [])]
 
 
 def default_config(settings: Settings) -> EngineConfig:

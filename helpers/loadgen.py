@@ -431,7 +431,7 @@ class _LoadRun:
         self.lag_interval_s = lag_interval_s
         self.salt = salt
         self.url = settings.base_url.rstrip("/") + "/chat/completions"
-        self.headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self.headers = settings.auth_headers()
         self.rng = random.Random(workload.seed)
         self.records: list[RequestRecord] = []
         self.warmup_records: list[RequestRecord] = []
@@ -759,7 +759,7 @@ async def arun_load(settings: Settings, workload: Workload, load: Load, *, model
     salt = secrets.randbits(20) if salt is None else salt
     async with _http_client(None, request_timeout_s) as http:
         if prompts is None:
-            headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+            headers = settings.auth_headers()
             prompts = await calibrate_prompts(http, settings.root_url, model, headers,
                                               workload.extra_body.get("chat_template_kwargs"), workload.seed)
         run = _LoadRun(settings, workload, load, model, prompts, progress, max_consecutive_failures, lag_interval_s,
@@ -806,7 +806,7 @@ async def arun_sweep(settings: Settings, workload: Workload, *, concurrencies: l
     results: list[LoadResult] = []
     try:
         async with _http_client(None, 30.0) as http:
-            headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+            headers = settings.auth_headers()
             prompts = await calibrate_prompts(http, settings.root_url, model, headers,
                                               workload.extra_body.get("chat_template_kwargs"), workload.seed)
         for one in loads:

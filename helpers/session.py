@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from helpers.engine import Engine, LocalEngine, make_engine
+from helpers.engine import Engine, LocalEngine, list_models, make_engine
 from helpers.settings import Settings, load_settings
 
 CONNECT_TIMEOUT_S = 5.0
@@ -26,22 +26,20 @@ class EndpointError(RuntimeError):
 def check_endpoint(settings: Settings, model: str | None = None, timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
     """The served model names; raises EndpointError with what to check when something is wrong."""
     url = settings.base_url + "/models"
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+        served = list_models(settings, timeout_s)
     except httpx.TimeoutException:
         raise EndpointError(f"{url} did not answer within {timeout_s:.0f} s. Is the engine still starting or "
                             "overloaded? Check `workshop status`, or VLLM_HOST if it points elsewhere.") from None
+    except httpx.HTTPStatusError as err:
+        if err.response.status_code == 401:
+            raise EndpointError(f"{url} answered 401 Unauthorized: the server expects an API key. Set VLLM_API_KEY "
+                                "to the key the engine was started with (it is not shown here).") from None
+        raise EndpointError(f"{url} answered HTTP {err.response.status_code}: {err.response.text[:200]}") from None
     except httpx.HTTPError as err:
         hint = ("start it with `workshop up`" if settings.managed
                 else "check VLLM_HOST, your network or port-forward, and that the engine pod is running")
         raise EndpointError(f"Cannot reach the engine at {url} ({type(err).__name__}): {hint}.") from None
-    if resp.status_code == 401:
-        raise EndpointError(f"{url} answered 401 Unauthorized: the server expects an API key. Set VLLM_API_KEY "
-                            "to the key the engine was started with (it is not shown here).")
-    if resp.status_code >= 400:
-        raise EndpointError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
-    served = [m["id"] for m in resp.json().get("data", [])]
     if model is not None and model not in served:
         raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
                             "Set MODEL_NAME to one of them (or switch the engine's model).")

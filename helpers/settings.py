@@ -71,6 +71,10 @@ class Settings:
         """The server root (base URL without /v1), for /health and /metrics."""
         return self.metrics_url[: -len("/metrics")]
 
+    def auth_headers(self) -> dict[str, str]:
+        """The Authorization header for the endpoint (empty without a key); never print it."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def describe(self) -> dict[str, object]:
         """The settings as a dict safe to print: the API key shows only as set or not."""
         return {

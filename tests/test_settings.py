@@ -42,3 +42,9 @@ def test_secrets_never_printed():
 def test_bad_settings_say_what_to_do(env, fragment):
     with pytest.raises(SettingsError, match=fragment):
         load_settings(env)
+
+
+def test_auth_headers_only_with_a_key():
+    assert load_settings({}).auth_headers() == {}
+    keyed = load_settings({"VLLM_HOST": "http://h:1/v1", "VLLM_API_KEY": "sk-x"})
+    assert keyed.auth_headers() == {"Authorization": "Bearer sk-x"}
