@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -255,10 +255,8 @@ class _State:
     pid: int | None = None
     config: dict[str, Any] | None = None
     last_good: dict[str, Any] | None = None
-    log: str | None = None
     started_at: float | None = None
     log_offset: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 class LocalEngine(Engine):
@@ -339,9 +337,7 @@ class LocalEngine(Engine):
                                       env=env, start_new_session=True)
         log.close()
         state = self._load()
-        state.pid, state.config, state.log, state.started_at = self._proc.pid, config.to_json(), str(self.log_path()), time.time()
-        state.log_offset = offset
-        state.history = (state.history + [{"at": state.started_at, "config": config.to_json()}])[-20:]
+        state.pid, state.config, state.started_at, state.log_offset = self._proc.pid, config.to_json(), time.time(), offset
         self._save(state)
 
     def _exited(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 PROFILES = ("cpu", "gpu", "k8s")
+CONTRACT_VARIABLES = ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "WORKSHOP_PROFILE")
 DEFAULT_PORT = 8000
 TINY_AGENT = "tiny-agent"
 GPU_MODEL = "Qwen/Qwen3-4B"

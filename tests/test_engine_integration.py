@@ -16,7 +16,7 @@ from helpers.agent import run_agent
 from helpers.engine import EngineStartError, flag_value
 from helpers.notebooks import REPO_ROOT, run_notebook
 from helpers.session import EndpointError, connect
-from helpers.settings import load_settings
+from helpers.settings import CONTRACT_VARIABLES, load_settings
 
 pytestmark = pytest.mark.engine
 PORT = "8765"
@@ -25,7 +25,7 @@ PORT = "8765"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     saved = dict(os.environ)
-    for name in ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "WORKSHOP_PROFILE"):
+    for name in CONTRACT_VARIABLES:
         os.environ.pop(name, None)
     os.environ.update(WORKSHOP_PORT=PORT, WORKSHOP_STATE_DIR=str(tmp_path_factory.mktemp("engine-state")))
     lab = connect(load_settings())
