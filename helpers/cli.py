@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from helpers import bench_cli, planner_cli, provision_cli
+from helpers import eval_cli
 from helpers.engine import EngineError, LocalEngine, make_engine
 from helpers.session import EndpointError, check_endpoint, connect
 from helpers.settings import SettingsError, load_settings
@@ -97,13 +98,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_build_model(args: argparse.Namespace) -> int:
-    """Rebuild the tiny agent model from its seeds, both stages (see helpers/tiny_models.py)."""
-    from helpers.tiny_models import build
+SIBLING_STEPS = {"moe": 400, "draft": 1200, "draft-untrained": 0}
 
-    records = build(Path(args.out), args.stage1_steps, args.stage2_steps, args.batch_size)
+
+def cmd_build_model(args: argparse.Namespace) -> int:
+    """Rebuild a tiny model from its seeds (see helpers/tiny_models.py): the agent (both stages), its MoE
+    sibling, or the aligned and untrained draft models; the siblings reuse the agent's tokenizer."""
+    from helpers.tiny_models import build, build_sibling
+
+    out = Path(args.out or ("models/tiny-agent" if args.kind == "agent" else f"models/tiny-{args.kind}"))
+    if args.kind == "agent":
+        records = build(out, args.stage1_steps, args.stage2_steps, args.batch_size)
+    else:
+        steps = SIBLING_STEPS[args.kind] if args.steps is None else args.steps
+        records = [build_sibling(args.kind, out, steps, Path(args.agent), batch_size=args.batch_size)]
     seconds = sum(r["train_seconds"] for r in records)
-    print(f"trained {records[0]['params']:,} parameters in {seconds:.0f} s -> {args.out}")
+    print(f"trained {records[0]['params']:,} parameters in {seconds:.0f} s -> {out}")
     return 0
 
 
@@ -140,9 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build-model", help=cmd_build_model.__doc__)
-    p.add_argument("--out", default="models/tiny-agent")
-    p.add_argument("--stage1-steps", type=int, default=2000)
-    p.add_argument("--stage2-steps", type=int, default=500)
+    p.add_argument("--kind", choices=["agent", *SIBLING_STEPS], default="agent")
+    p.add_argument("--out", default=None, help="default: models/tiny-KIND (models/tiny-agent for the agent)")
+    p.add_argument("--stage1-steps", type=int, default=2000, help="agent only")
+    p.add_argument("--stage2-steps", type=int, default=500, help="agent only")
+    p.add_argument("--steps", type=int, default=None, help=f"siblings only (defaults: {SIBLING_STEPS})")
+    p.add_argument("--agent", default="models/tiny-agent", help="siblings take this model's tokenizer")
     p.add_argument("--batch-size", type=int, default=48)
     p.set_defaults(func=cmd_build_model)
     p = sub.add_parser("heldout", help=cmd_heldout.__doc__)
@@ -153,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.register(sub)  # bench, metrics
     planner_cli.register(sub)  # memory, gpus
     provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
+    eval_cli.register(sub)  # eval
     return parser
 
 

@@ -102,3 +102,18 @@ def plot_price_latency(frame: "pd.DataFrame", api_usd_per_m_tokens: float | None
     ax.set_ylabel("USD per million output tokens")
     ax.legend()
     return fig
+
+
+def reasoning_cost(answer_tokens: int, reasoning_tokens: int, tpot_s: float, usd_per_m_output: float) -> dict[str, float]:
+    """What a "thinking" mode adds to one answer: decode seconds and output dollars, without and with it.
+
+    Reasoning tokens are decoded (and billed as output) like the answer's, so both scale with
+    ``answer_tokens + reasoning_tokens``; ``tpot_s`` is a measured time per output token.
+    """
+    if answer_tokens < 1 or reasoning_tokens < 0 or tpot_s <= 0:
+        raise ValueError("need answer_tokens >= 1, reasoning_tokens >= 0 and a measured tpot_s > 0")
+    total = answer_tokens + reasoning_tokens
+    return {"answer_tokens": answer_tokens, "reasoning_tokens": reasoning_tokens,
+            "decode_s_plain": answer_tokens * tpot_s, "decode_s_thinking": total * tpot_s,
+            "usd_plain": answer_tokens * usd_per_m_output / 1e6, "usd_thinking": total * usd_per_m_output / 1e6,
+            "factor": total / answer_tokens}

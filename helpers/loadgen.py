@@ -888,3 +888,14 @@ def run_sync(make_coro: Callable[[], Awaitable[T]], poll_s: float = 0.1) -> T:
             raise KeyboardInterrupt from None
         raise box["error"]
     return box["result"]
+
+
+def prompt_factory(settings: Settings, model: str | None = None, seed: int = 0) -> PromptFactory:
+    """A calibrated PromptFactory for one-off prompts of an exact token count (outside a load run)."""
+
+    async def make() -> PromptFactory:
+        async with _http_client(None, 30.0) as http:
+            return await calibrate_prompts(http, settings.root_url, model or settings.model, settings.auth_headers(),
+                                           seed=seed)
+
+    return run_sync(make)

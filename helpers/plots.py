@@ -124,12 +124,18 @@ def pareto_user_vs_total(table: pd.DataFrame, x: str | None = None,
     return fig
 
 
-def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during the run") -> Figure:
-    """KV-cache usage (fraction, left) and running / waiting requests (right) against time in s."""
+def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during the run",
+                      kv_full_scale: bool = True) -> Figure:
+    """KV-cache usage (fraction, left) and running / waiting requests (right) against time in s.
+
+    ``kv_full_scale=False`` zooms the KV axis onto the data (one request in a large cache uses ~1%)."""
     t = gauges["t_s"] if "t_s" in gauges else gauges["t"] - gauges["t"].iloc[0]
     fig, ax = plt.subplots(figsize=(8, 3.5), constrained_layout=True)
     ax.plot(t, gauges["kv_cache_usage"], color="tab:purple", label="KV cache used (fraction)")
-    ax.set_ylim(0, 1.05)
+    if kv_full_scale:
+        ax.set_ylim(0, 1.05)
+    else:
+        ax.set_ylim(0, max(float(gauges["kv_cache_usage"].max()) * 1.2, 1e-6))
     ax.set_xlabel("time since the run started (s)")
     ax.set_ylabel("KV cache used (0..1)", color="tab:purple")
     right = ax.twinx()
@@ -157,4 +163,50 @@ def memory_budget(rows: pd.DataFrame, label: str = "gpu", title: str = "Where th
     ax.set_xlabel("GB (1e9 bytes)")
     ax.set_title(title)
     ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def prefill_decode(table: pd.DataFrame) -> Figure:
+    """TTFT (ms) against prompt tokens, and TPOT (ms) against the context the decode ran in."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5), constrained_layout=True)
+    left.plot(table["prompt_tokens"], table["mean_ttft_ms"], marker="o")
+    left.set_xlabel("prompt tokens")
+    left.set_ylabel("mean TTFT (ms)")
+    left.set_title("Prefill: time to first token grows with the prompt")
+    right.plot(table["prompt_tokens"], table["mean_tpot_ms"], marker="o", color="tab:orange")
+    right.set_xlabel("context tokens when decoding starts")
+    right.set_ylabel("mean TPOT (ms per token)")
+    right.set_ylim(bottom=0)
+    right.set_title("Decode: each token re-reads the weights and the KV cache")
+    return fig
+
+
+def generation_steps(steps: pd.DataFrame) -> Figure:
+    """Per-step time (ms) against context tokens, one line per loop (``cache`` column)."""
+    fig, ax = plt.subplots(figsize=(8, 3.5), constrained_layout=True)
+    for name, part in steps.groupby("cache"):
+        ax.plot(part["context_tokens"], part["step_s"] * 1000, marker=".", linestyle="", label=name)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("time of one generation step (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title("Without a KV cache every step re-reads the whole context")
+    return fig
+
+
+def prefill_stall(gaps: pd.DataFrame, label: str = "config") -> Figure:
+    """Inter-token gaps (ms) of running streams around a long prefill at t=0, one panel per ``label``."""
+    names = list(dict.fromkeys(gaps[label]))
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.5), sharey=True, squeeze=False,
+                             constrained_layout=True)
+    for ax, name in zip(axes[0], names):
+        part = gaps[gaps[label] == name]
+        calm, hit = part[~part["during_prefill"]], part[part["during_prefill"]]
+        ax.scatter(calm["t_s"], calm["gap_ms"], s=6, label="other gaps")
+        ax.scatter(hit["t_s"], hit["gap_ms"], s=12, color="tab:red", label="overlapping the long prefill")
+        ax.axvline(0, color="gray", linestyle=":")
+        ax.set_xlabel("time since the long prompt was sent (s)")
+        ax.set_title(str(name))
+    axes[0][0].set_ylabel("gap between tokens of a running stream (ms)")
+    axes[0][0].legend(fontsize="small")
     return fig

@@ -40,6 +40,37 @@ class ModelShape:
     max_position_embeddings: int = 4096
 
 
+@dataclass(frozen=True)
+class MoeShape(ModelShape):
+    """A tiny Qwen3-MoE: every layer's MLP is ``num_experts`` experts of ``moe_intermediate_size``, top-k routed.
+
+    With 8 experts of 384 and top 2, the active MLP per token equals the dense model's 768, while the
+    total MLP weights are four times larger: the dense-vs-MoE lesson of notebook 04 in miniature.
+    """
+
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 384
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    output_router_logits: bool = True  # adds the load-balancing loss, so that all experts get used
+
+
+# The draft model for speculative decoding (notebook 06): one layer, hidden 128, same tokenizer.
+DRAFT_SHAPE = ModelShape(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1)
+
+
+def model_config(shape: ModelShape, vocab_size: int, eos: int, pad: int):
+    """The transformers config of a shape: Qwen3 for a dense shape, Qwen3-MoE for a :class:`MoeShape`."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    cls = Qwen3MoeConfig if isinstance(shape, MoeShape) else Qwen3Config
+    return cls(vocab_size=vocab_size, tie_word_embeddings=True, rope_parameters={"rope_theta": 10000.0,
+               "rope_type": "default"}, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad, dtype="bfloat16",
+               **shape.__dict__)
+
+
 def conversation_text(messages: list[dict[str, Any]], with_tools: bool) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans the assistant wrote."""
     text, spans = "", []
@@ -145,41 +176,46 @@ def first_call_exact_rate(model, tok, examples: list[corpus.Example]) -> float:
 def train(out: Path, steps: int, batch_size: int = 48, lr: float = 2e-3, seed: int = 0,
           shape: ModelShape = ModelShape(), log_every: int = 50, eval_every: int = 250,
           checkpoint_every: int = 500, init_from: Path | None = None, augment: bool = False,
-          stage: str = "stage1") -> dict[str, Any]:
+          stage: str = "stage1", tokenizer_from: Path | None = None) -> dict[str, Any]:
     """Train one stage and save model and tokenizer under ``out``; returns the training record.
 
-    Without ``init_from``: build the tokenizer and start from random weights. With it: continue from
-    that model and its tokenizer (stage 2 trains on composed, noisier phrasings: ``augment``).
+    Without ``init_from``: start from random weights, with the tokenizer of ``tokenizer_from`` (so a
+    second model shares the first one's vocabulary, as an MoE sibling or a draft model must) or a
+    newly built one. With ``init_from``: continue from that model and its tokenizer (stage 2 trains on
+    composed, noisier phrasings: ``augment``).
     """
     import torch
     from tokenizers import Tokenizer
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.from_file(str(Path(init_from) / "tokenizer.json")) if init_from else build_tokenizer(seed)
+    tok_dir = init_from or tokenizer_from
+    tok = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json")) if tok_dir else build_tokenizer(seed)
     save_tokenizer(tok, out)
     eos, pad = tok.token_to_id(cf.IM_END), tok.token_to_id(cf.EOT)
     if init_from:
-        model = Qwen3ForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
         config = model.config
     else:
-        config = Qwen3Config(vocab_size=64 * math.ceil(tok.get_vocab_size() / 64), tie_word_embeddings=True,
-                             rope_theta=10000.0, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
-                             dtype="bfloat16", **shape.__dict__)
-        model = Qwen3ForCausalLM(config)
+        config = model_config(shape, 64 * math.ceil(tok.get_vocab_size() / 64), eos, pad)
+        model = AutoModelForCausalLM.from_config(config)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, min(200, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))))
     probe = corpus.heldout_cases(n_per_kind=12)[:48]
     record: dict[str, Any] = {"stage": stage, "params": n_params, "steps": steps, "batch_size": batch_size,
                               "seed": seed, "lr": lr, "augment": augment, "init_from": init_from is not None,
+                              "architecture": config.architectures or [type(model).__name__],
                               "shape": shape.__dict__, "log": []}
     start, tokens = time.monotonic(), 0
     print(f"training {n_params:,} parameters, vocab {config.vocab_size}, {steps} steps x {batch_size}", flush=True)
-    for step, (ids, mask, labels) in enumerate(batches(tok, seed, batch_size, augment=augment), start=1):
+    if steps == 0:
+        _save_model(model, out, eos, pad)
+    for step, (ids, mask, labels) in enumerate(batches(tok, seed, batch_size, augment=augment) if steps else [],
+                                               start=1):
         with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls, fp32 master weights
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -209,6 +245,22 @@ def build(out: Path, stage1_steps: int = 2000, stage2_steps: int = 500, batch_si
     second = train(out, stage2_steps, batch_size=batch_size, lr=1e-3, seed=1, init_from=out, augment=True,
                    stage="stage2")
     return [first, second]
+
+
+def build_sibling(kind: str, out: Path, steps: int, agent_dir: Path, batch_size: int = 32) -> dict[str, Any]:
+    """A model that shares the tiny agent's tokenizer: ``moe`` (notebook 04), ``draft`` (notebook 06,
+    trained on the same corpus, so it agrees with the agent) or ``draft-untrained`` (the misaligned
+    draft: the same shape with its random initial weights, ``steps`` ignored)."""
+    if kind == "moe":
+        return train(out, steps, batch_size=batch_size, lr=2e-3, seed=2, shape=MoeShape(), tokenizer_from=agent_dir,
+                     stage="stage1")
+    if kind == "draft":
+        return train(out, steps, batch_size=batch_size, lr=3e-3, seed=3, shape=DRAFT_SHAPE, tokenizer_from=agent_dir,
+                     stage="stage1")
+    if kind == "draft-untrained":
+        return train(out, 0, batch_size=batch_size, seed=4, shape=DRAFT_SHAPE, tokenizer_from=agent_dir,
+                     stage="untrained")
+    raise ValueError(f"unknown model kind {kind!r}: use agent, moe, draft or draft-untrained")
 
 
 def _save_model(model, out: Path, eos: int, pad: int) -> None:

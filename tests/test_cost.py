@@ -41,3 +41,14 @@ def test_price_latency_frame_and_plot() -> None:
     plt.close(fig)
     with pytest.raises(ValueError, match="sweep"):
         cost.price_latency_frame([], 1.0)
+
+
+def test_reasoning_cost_scales_with_all_decoded_tokens():
+    from helpers.cost import reasoning_cost
+
+    r = reasoning_cost(answer_tokens=200, reasoning_tokens=1800, tpot_s=0.02, usd_per_m_output=10.0)
+    assert r["factor"] == 10.0
+    assert r["decode_s_plain"] == pytest.approx(4.0) and r["decode_s_thinking"] == pytest.approx(40.0)
+    assert r["usd_thinking"] == pytest.approx(2000 * 10 / 1e6)
+    with pytest.raises(ValueError, match="tpot_s"):
+        reasoning_cost(200, 100, 0.0, 1.0)

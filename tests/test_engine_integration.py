@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import nbformat
@@ -98,3 +99,37 @@ def test_a_killed_engine_is_explained_and_restart_recovers(lab):
         lab.chat([{"role": "user", "content": "hi"}], max_tokens=4)
     lab.engine.restart()
     assert lab.chat([{"role": "user", "content": "hi"}], max_tokens=4).choices[0].message is not None
+
+
+def _printed(run) -> str:
+    nb = nbformat.read(run.output, as_version=4)
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "03_prefill_decode_kv_cache.ipynb", tmp_path,
+                       parameters={"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "NAIVE_NEW_TOKENS": 32,
+                                   "LONG_OUTPUT_TOKENS": 300, "AGENT_TURNS": 3, "STALL_STREAMS": 2})
+    text = _printed(run)
+    assert "same 32 tokens from both loops: True" in text
+    blocks, measured = map(int, re.search(r"-> (\d+) blocks of .* = (\d+) blocks;", text, re.S).groups())
+    assert measured in (blocks, blocks - 1)  # the gauge is sampled: it may miss the last block's few steps
+    hits, queries = map(float, re.search(r"server: (\d+) of (\d+) prompt tokens served from the prefix cache",
+                                         text).groups())
+    assert 0 < hits < queries  # three warm requests hit, the cold one did not
+    assert re.search(r"the cache saved [1-9][\d.]*% of the prefill work", text)
+    assert text.count("running streams' longest gap during the long prefill") == 2
+    assert lab.engine.is_ready() and flag_value(lab.engine.args(), "--max-num-batched-tokens") is None
+
+
+def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "07_saturation.ipynb", tmp_path,
+                       parameters={"CONCURRENCIES": [1, 8, 32], "MIN_REQUESTS": 8, "REQUESTS_PER_USER": 1,
+                                   "SMALL_MAX_NUM_SEQS": 4, "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64})
+    text = _printed(run)
+    small = re.search(r"With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
+    assert small, text[-2000:]
+    assert int(small.group(1)) <= 4 and int(small.group(2)) > 0
+    assert "limit 'scheduler'" in text.split("With --max-num-seqs 32")[0]
+    assert "The load generator's own loop lag at 32 users" in text
+    assert flag_value(lab.engine.args(), "--max-num-seqs") is None
