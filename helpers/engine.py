@@ -437,7 +437,12 @@ class ExternalEngine(Engine):
 
 
 def make_engine(settings: Settings) -> Engine:
-    """The backend for these settings: local process, or a read-only external endpoint."""
+    """The backend for these settings: the participant's Deployment (k8s), a local process, or read-only external."""
+    if settings.profile == "k8s":
+        # imported here, not at the top: helpers.k8s_engine imports this module
+        from helpers.k8s_engine import KubernetesEngine
+
+        return KubernetesEngine(settings)
     if settings.managed:
         return LocalEngine(settings)
     return ExternalEngine(settings)

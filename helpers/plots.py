@@ -210,3 +210,22 @@ def prefill_stall(gaps: pd.DataFrame, label: str = "config") -> Figure:
     axes[0][0].set_ylabel("gap between tokens of a running stream (ms)")
     axes[0][0].legend(fontsize="small")
     return fig
+
+
+def scorecard_tradeoff(table: pd.DataFrame, speed: str, quality: str = "all_pass_rate",
+                       label: str = "config") -> Figure:
+    """One point per configuration: ``speed`` (x, e.g. c8_output_tok_s) against ``quality`` (y, 0..1),
+    with the 95% interval when ``<category>_ci_low/_ci_high`` columns are present."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    low, high = quality.replace("_pass_rate", "_ci_low"), quality.replace("_pass_rate", "_ci_high")
+    for _, row in table.iterrows():
+        err = None
+        if low in table and high in table:
+            err = [[row[quality] - row[low]], [row[high] - row[quality]]]
+        ax.errorbar(row[speed], row[quality], yerr=err, marker="o", capsize=3)
+        ax.annotate(str(row[label]), (row[speed], row[quality]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel(speed.replace("_", " "))
+    ax.set_ylabel(quality.replace("_", " ") + " (95% CI)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Speed against quality, one point per configuration")
+    return fig

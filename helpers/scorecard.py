@@ -165,10 +165,13 @@ def _format(value: Any, digits: int) -> str:
 
 
 def measure_config(lab_or_settings: Any, name: str, concurrencies: Iterable[int] = (1, 8), input_len: int = 256,
-                   output_len: int = 64, num_requests: int = 32, suite: str = "smoke",
-                   model_dir: str | Path | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   output_len: int = 64, num_requests: int = 32, suite: str | None = "smoke",
+                   model_dir: str | Path | None = None, extra: dict[str, Any] | None = None,
+                   evals_run: EvalRun | None = None) -> dict[str, Any]:
     """Eval suite, load sweep and cache config against the current endpoint -> one scorecard row.
 
+    ``evals_run``: an eval already run on this configuration (kept, e.g. for ``evals.compare``)
+    instead of running ``suite``; ``suite=None`` and no run: a row without quality columns.
     ``lab_or_settings``: a ``helpers.session.Lab`` or ``Settings`` (the endpoint must be running).
     Each load run sends ``num_requests`` measured requests of ``input_len`` prompt and exactly
     ``output_len`` output tokens, after 2 warm-up requests.
@@ -180,7 +183,7 @@ def measure_config(lab_or_settings: Any, name: str, concurrencies: Iterable[int]
     lab = connect(lab_or_settings, start=False) if not hasattr(lab_or_settings, "chat") else lab_or_settings
     settings = lab.settings
     concurrencies = list(concurrencies)
-    run = evals.run_suite(lab, suite)
+    run = evals_run if evals_run is not None else (evals.run_suite(lab, suite) if suite else None)
     results = run_sweep(settings, Workload(input_len=input_len, output_len=output_len), model=lab.model,
                         concurrencies=concurrencies, load=Load(num_requests=num_requests, warmup_requests=2))
     summaries = [bench_results.summarize(r) for r in results]
