@@ -229,3 +229,19 @@ def scorecard_tradeoff(table: pd.DataFrame, speed: str, quality: str = "all_pass
     ax.set_ylim(0, 1.05)
     ax.set_title("Speed against quality, one point per configuration")
     return fig
+
+
+def speculation_bars(table: pd.DataFrame) -> Figure:
+    """Per configuration and concurrency: output tokens/s (left) and acceptance rate (right, 0..1)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    wide = table.pivot(index="config", columns="concurrency", values="output_tok_s")
+    wide.plot.barh(ax=left)
+    left.set_xlabel("output tokens/s")
+    left.legend(title="concurrency")
+    acc = table.pivot(index="config", columns="concurrency", values="acceptance_rate").fillna(0)
+    acc.plot.barh(ax=right, legend=False)
+    right.set_xlim(0, 1)
+    right.set_xlabel("draft tokens accepted (fraction)")
+    right.set_yticklabels([])
+    fig.suptitle("Speculative decoding: speed and acceptance")
+    return fig
