@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-SIBLING_STEPS = {"moe": 400, "draft": 1200, "draft-untrained": 0}
+SIBLING_STEPS = {"moe": 250, "draft": 1200, "draft-untrained": 0}
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:

