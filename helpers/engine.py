@@ -116,14 +116,21 @@ ERROR_PATTERN = re.compile(r"(error|exception|traceback|unrecognized|invalid|ref
                            r"out of memory|cannot|failed|killed)", re.IGNORECASE)
 
 
+CAUSE_PATTERN = re.compile(r"\b\w*(Error|Exception): \S")  # a Python exception's message line
+
+
 def log_excerpt(text: str, max_lines: int = 20) -> str:
-    """The log lines that explain a failure: matching error lines, then the last few lines."""
+    """The log lines that explain a failure: the first exception messages (the root cause, often in a
+    worker process, before the cascade of "initialization failed" lines), the last matching error
+    lines, then the last few lines."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     usage = [ln for ln in lines if ln.lstrip().startswith(("[", "usage:"))]  # argparse's usage block
     lines = [ln for ln in lines if ln not in usage]
-    hits = [ln for ln in lines if ERROR_PATTERN.search(ln) and "Warning" not in ln]
-    tail = lines[-5:]
-    chosen = hits[-(max_lines - len(tail)):] + [ln for ln in tail if ln not in hits]
+    causes = list(dict.fromkeys(ln for ln in lines if CAUSE_PATTERN.search(ln)))[:3]
+    hits = [ln for ln in lines if ERROR_PATTERN.search(ln) and "Warning" not in ln and ln not in causes]
+    tail = [ln for ln in lines[-5:] if ln not in causes]
+    room = max(0, max_lines - len(causes) - len(tail))
+    chosen = causes + (hits[-room:] if room else []) + [ln for ln in tail if ln not in hits]
     return "\n".join(chosen)
 
 

@@ -56,3 +56,13 @@ def test_port_in_use_is_reported_before_starting_anything():
         engine = LocalEngine(load_settings({"WORKSHOP_PORT": str(port)}))
         with pytest.raises(EngineError, match=f"Port {port} is already in use"):
             engine.start(timeout_s=5)
+
+
+def test_log_excerpt_keeps_a_workers_root_cause_before_the_cascade():
+    log = "\n".join(["INFO loading"] * 5
+                    + ["(Worker pid=7) RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)"]
+                    + [f"(EngineCore pid=6) ERROR WorkerProc initialization failed {i}" for i in range(40)]
+                    + ["RuntimeError: Engine core initialization failed. See root cause above."])
+    excerpt = log_excerpt(log).splitlines()
+    assert excerpt[0].endswith("expected at most 0 argument(s)") and len(excerpt) <= 20
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in excerpt
