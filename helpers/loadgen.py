@@ -89,6 +89,10 @@ class Workload:
     unique part). ``turns`` > 1: agent-like conversations; each later turn re-sends the whole
     conversation plus the last reply plus ``turn_len`` new tokens, so the prompt grows each turn.
     ``extra_body``: more request fields (e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}``).
+    ``prompts``: real conversations to send instead of generated text (conversation i starts with
+    ``prompts[i % len(prompts)]``; ``input_len`` is then unused); with ``exact_output=False`` the model
+    answers as it would (EOS ends it, ``output_len`` caps it): e.g. an agent's questions with the
+    tools in ``extra_body``, for measurements whose result depends on what is said (speculative decoding).
     """
 
     input_len: LengthSpec = 256
@@ -101,6 +105,7 @@ class Workload:
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    prompts: list[list[dict[str, Any]]] | None = None
 
     def validate(self) -> None:
         """Raise ValueError with what to change when the workload is inconsistent."""
@@ -114,6 +119,11 @@ class Workload:
             raise ValueError("shared_prefix_len is only used with prefix='shared'")
         if self.turns < 1:
             raise ValueError(f"turns must be >= 1 (got {self.turns})")
+        if self.prompts is not None:
+            if not self.prompts or not all(isinstance(p, list) and p for p in self.prompts):
+                raise ValueError("prompts must be a non-empty list of non-empty message lists")
+            if self.prefix == "shared":
+                raise ValueError("prompts are sent as they are: a shared prefix cannot be added to them")
 
 
 def _check_length(name: str, spec: LengthSpec) -> None:
@@ -404,6 +414,9 @@ class _Conversation:
         """Messages for the next turn, the planned prompt tokens (first turn) and output tokens."""
         w = self.workload
         self.turn += 1
+        if self.turn == 1 and w.prompts:
+            self.messages = [dict(m) for m in w.prompts[self.number % len(w.prompts)]]
+            return list(self.messages), None, _draw(w.output_len, self.rng)
         if self.turn == 1:
             input_len: int | None = _draw(w.input_len, self.rng)
             shared = w.shared_prefix_len if w.prefix == "shared" else 0

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from helpers.bench_results import requests_frame, summarize
+from helpers.evals import load_suite
 from helpers.loadgen import Load, Workload, run_load
 from helpers.server_metrics import scrape, window
 from helpers.settings import models_dir
@@ -34,6 +35,17 @@ def spec_config(method: str, num_speculative_tokens: int, model: str | None = No
     else:
         raise ValueError(f"unknown method {method!r}: use 'ngram' or 'draft_model'")
     return json.dumps(config, separators=(",", ":"))
+
+
+def agent_workload(suite: str = "agent-v1", max_tokens: int = 64,
+                   categories: tuple[str, ...] = ("tool_call", "tool_answer", "no_tool")) -> Workload:
+    """Real agent traffic: the eval suite's conversations, asked with the tools, answered as the model
+    would (no forced length). What a draft has to guess depends on what is said, so acceptance is only
+    meaningful on such traffic; on random-text prompts two models that both fall into repeating one
+    token "agree" (see ../shared/reference/cpu-lab.md)."""
+    loaded = load_suite(suite)
+    prompts = [t.messages for t in loaded.tasks if t.category in categories and t.tools]
+    return Workload(output_len=max_tokens, exact_output=False, prompts=prompts, extra_body={"tools": loaded.tools})
 
 
 def measure_speculation(lab: Any, name: str, concurrencies: list[int], workload: Workload,

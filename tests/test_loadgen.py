@@ -273,3 +273,18 @@ def test_bad_loads_and_workloads_say_what_to_change(make_fake):
     unreachable = Settings(profile="cpu", base_url="http://127.0.0.1:1/v1", model=MODEL, managed=False)
     with pytest.raises(LoadError, match="Cannot reach"):
         run_load(unreachable, Workload(), Load(concurrency=1, num_requests=1))
+
+
+def test_given_prompts_are_sent_as_they_are_and_the_model_may_stop(make_fake):
+    fake = make_fake()
+    prompts = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}],
+               [{"role": "user", "content": "time in Tokyo?"}]]
+    workload = Workload(output_len=16, exact_output=False, prompts=prompts, extra_body={"tools": [{"type": "function"}]})
+    result = run_load(settings_for(fake), workload, Load(concurrency=1, num_requests=4))
+    assert [p["messages"] for p in fake.chat_payloads] == [prompts[0], prompts[1], prompts[0], prompts[1]]
+    assert all("ignore_eos" not in p and p["max_tokens"] == 16 and p["tools"] for p in fake.chat_payloads)
+    assert all(r.input_len_target is None for r in result.requests)
+    with pytest.raises(ValueError, match="non-empty"):
+        Workload(prompts=[]).validate()
+    with pytest.raises(ValueError, match="shared prefix"):
+        Workload(prompts=prompts, prefix="shared", shared_prefix_len=8).validate()
