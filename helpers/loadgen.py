@@ -18,13 +18,15 @@ What it does, in the words of ../shared/reference/measurement.md:
 - Ctrl-C, a cancelled task, or a server that stops answering (``max_consecutive_failures``) end the
   run early and return what was gathered, marked ``interrupted=True``.
 
-Why httpx and not ``openai.AsyncOpenAI``: the SDK parses every SSE chunk into pydantic objects and
-hands them over only after parsing. Reading the raw SSE lines with httpx gives the arrival time of each
-line before any parsing (first byte included), costs one ``json.loads`` per chunk (the Python client is
-what saturates first at high concurrency), and reads vLLM's extra fields (``reasoning``,
-``reasoning_content``, running usage) as they are. The connection pool is unbounded
-(``max_connections=None``) so the pool never queues requests behind our back; with a cap, queueing
-happens at our own semaphore, where it is timed.
+Why aiohttp and not ``openai.AsyncOpenAI`` (or httpx): the SDK parses every SSE chunk into pydantic
+objects and hands them over only after parsing. Reading the raw SSE lines gives the arrival time of
+each line before any parsing (first byte included), costs one ``json.loads`` per chunk, and reads
+vLLM's extra fields (``reasoning``, ``reasoning_content``, running usage) as they are. The Python
+client is what saturates first: on a 2-core machine, httpx's pure-Python HTTP parser (h11) cost enough
+per chunk that the client fell up to a second behind the stream at concurrency 8 (event-loop lag
+0.6-1.7 s, TTFT inflated several times over), while aiohttp's C parser, which ``vllm bench serve``
+uses too, keeps up. The connection pool is unbounded (``limit=0``) so the pool never queues requests
+behind our back; with a cap, queueing happens at our own semaphore, where it is timed.
 
 ``arun_load`` / ``arun_sweep`` are coroutines; ``run_load`` / ``run_sweep`` run them on a private event
 loop in a thread, so they work the same in a script and in a Jupyter cell (which already runs a loop).
@@ -33,7 +35,6 @@ loop in a thread, so they work the same in a script and in a Jupyter cell (which
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -44,7 +45,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
-import httpx
+import aiohttp
 
 from helpers.settings import Settings
 from helpers.stream_timing import STREAM_OPTIONS, StreamTiming
@@ -277,7 +278,7 @@ class PromptFactory:
         return self.content(uid, tokens, shared_prefix_tokens)
 
 
-async def calibrate_prompts(http: httpx.AsyncClient, root_url: str, model: str, headers: dict[str, str] | None = None,
+async def calibrate_prompts(http: aiohttp.ClientSession, root_url: str, model: str, headers: dict[str, str] | None = None,
                             chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0) -> PromptFactory:
     """Ask the server's ``/tokenize`` which words are one token and what the chat template costs.
 
@@ -293,18 +294,19 @@ async def calibrate_prompts(http: httpx.AsyncClient, root_url: str, model: str, 
     async def count(payload: dict[str, Any]) -> int:
         async with sem:
             try:
-                resp = await http.post(url, json={"model": model, **payload}, headers=headers or {})
-            except httpx.TransportError as err:
+                async with http.post(url, json={"model": model, **payload}, headers=headers or {}) as resp:
+                    status, text = resp.status, await resp.text()
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
                 raise LoadError(f"Cannot reach {url} ({type(err).__name__}): is the engine running? "
                                 "Check `workshop status` or VLLM_HOST.") from None
-        if resp.status_code == 404 and "model" in resp.text.lower():
-            raise LoadError(f"{url} answered 404: {resp.text[:200]}. Is {model!r} the served model name "
+        if status == 404 and "model" in text.lower():
+            raise LoadError(f"{url} answered 404: {text[:200]}. Is {model!r} the served model name "
                             "(MODEL_NAME)?")
-        if resp.status_code in (404, 405, 501):
+        if status in (404, 405, 501):
             raise _NoTokenize()
-        if resp.status_code >= 400:
-            raise LoadError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
-        return int(resp.json()["count"])
+        if status >= 400:
+            raise LoadError(f"{url} answered HTTP {status}: {text[:200]}")
+        return int(json.loads(text)["count"])
 
     def chat(content: str) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "add_generation_prompt": True}
@@ -495,7 +497,7 @@ class _LoadRun:
         return body
 
     # -- one request
-    async def _request(self, http: httpx.AsyncClient, conv: _Conversation, t_scheduled: float, warmup: bool,
+    async def _request(self, http: aiohttp.ClientSession, conv: _Conversation, t_scheduled: float, warmup: bool,
                        sem: asyncio.Semaphore | None = None) -> RequestRecord:
         messages, input_len, output_len = conv.next_request()
         payload = self._payload(messages, output_len)
@@ -521,41 +523,41 @@ class _LoadRun:
             conv.add_reply(timing.text)
         return rec
 
-    async def _stream(self, http: httpx.AsyncClient, payload: dict[str, Any], timing: StreamTiming) -> None:
+    async def _stream(self, http: aiohttp.ClientSession, payload: dict[str, Any], timing: StreamTiming) -> None:
         self.n_inflight += 1
         self.max_inflight = max(self.max_inflight, self.n_inflight)
         timing.t_sent = time.perf_counter()
         done = False
         try:
-            async with http.stream("POST", self.url, json=payload, headers=self.headers) as resp:
-                if resp.status_code != 200:
-                    body = (await resp.aread()).decode(errors="replace")
-                    timing.error = f"HTTP {resp.status_code}: {body[:300]}"
+            async with http.post(self.url, json=payload, headers=self.headers) as resp:
+                if resp.status != 200:
+                    body = (await resp.read()).decode(errors="replace")
+                    timing.error = f"HTTP {resp.status}: {body[:300]}"
                     return
-                lines = resp.aiter_lines()
-                async with contextlib.aclosing(lines):
-                    async for line in lines:
-                        now = time.perf_counter()
-                        if timing.t_first_byte is None:
-                            timing.t_first_byte = now
-                        if not line.startswith("data:"):
-                            continue  # blank separators and ": ping" comments
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            done = True
-                            break
-                        chunk = json.loads(data)
-                        if "error" in chunk or chunk.get("object") == "error":
-                            err = chunk.get("error", chunk)
-                            message = err.get("message", err) if isinstance(err, dict) else err
-                            timing.error = f"server error in stream: {message}"
-                            return
-                        _record_chunk(timing, chunk, now)
+                async for raw in resp.content:  # one SSE line at a time, as it arrives
+                    now = time.perf_counter()
+                    if timing.t_first_byte is None:
+                        timing.t_first_byte = now
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue  # blank separators and ": ping" comments
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk or chunk.get("object") == "error":
+                        err = chunk.get("error", chunk)
+                        message = err.get("message", err) if isinstance(err, dict) else err
+                        timing.error = f"server error in stream: {message}"
+                        return
+                    _record_chunk(timing, chunk, now)
             if not done and timing.error is None:
                 timing.error = "stream ended before [DONE]"
         except asyncio.CancelledError:
             raise
-        except (httpx.HTTPError, json.JSONDecodeError, ValueError, KeyError, TypeError) as err:
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError, KeyError,
+                TypeError) as err:
             timing.error = f"{type(err).__name__}: {err}"
         finally:
             timing.t_done = time.perf_counter()
@@ -574,7 +576,7 @@ class _LoadRun:
             self.stop.set()
 
     # -- phases
-    async def _closed_phase(self, http: httpx.AsyncClient, workers: int, warmup: bool) -> None:
+    async def _closed_phase(self, http: aiohttp.ClientSession, workers: int, warmup: bool) -> None:
         async def worker() -> None:
             conv: _Conversation | None = None
             while True:
@@ -588,7 +590,7 @@ class _LoadRun:
 
         await self._run_tasks([worker() for _ in range(workers)])
 
-    async def _open_phase(self, http: httpx.AsyncClient) -> None:
+    async def _open_phase(self, http: aiohttp.ClientSession) -> None:
         sem = asyncio.Semaphore(self.load.max_concurrency) if self.load.max_concurrency else None
 
         async def conversation(conv: _Conversation, t_scheduled: float) -> None:
@@ -655,7 +657,7 @@ class _LoadRun:
             await asyncio.sleep(self.lag_interval_s)
             self.lag.append(max(0.0, time.perf_counter() - t - self.lag_interval_s))
 
-    async def execute(self, http: httpx.AsyncClient) -> LoadResult:
+    async def execute(self, http: aiohttp.ClientSession) -> LoadResult:
         load = self.load
         result = LoadResult([], load, self.workload, self.model, self.settings.base_url,
                             prompt_len_method=self.factory.method, salt=self.salt)
@@ -750,10 +752,11 @@ def _label(load: Load) -> str:
     return f"rate {load.rate:g}/s{cap}"
 
 
-def _http_client(max_connections: int | None, request_timeout_s: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    timeout = httpx.Timeout(request_timeout_s, connect=10.0, pool=None)
-    return httpx.AsyncClient(limits=limits, timeout=timeout)
+def _http_client(max_connections: int | None, request_timeout_s: float) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=max_connections or 0)
+    # No total deadline on a stream (a long generation is not an error); a silent socket is.
+    timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=request_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 async def arun_load(settings: Settings, workload: Workload, load: Load, *, model: str | None = None,
