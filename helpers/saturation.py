@@ -85,7 +85,10 @@ def classify_limit(gauges: pd.DataFrame | None, max_num_seqs: int | None = None,
         return LimitVerdict("memory", f"KV cache {kv_max:.0%} full with {preemptions:.0f} preemptions and requests "
                                       f"waiting in {share_waiting:.0%} of samples: the KV cache caps the batch",
                             evidence)
-    if share_waiting >= waiting_share and at_cap >= at_cap_share:
+    # Requests wait while the KV cache has room: the scheduler holds them. Running is often sampled below
+    # the cap between a cohort finishing and the next being admitted (closed-loop users of equal length
+    # finish together), so reaching the cap at all counts, not only staying at it.
+    if share_waiting >= waiting_share and (at_cap >= at_cap_share or float(running.max()) >= cap):
         how = "the most seen running (max-num-seqs inferred)" if inferred else "max-num-seqs"
         kv_text = "unknown" if kv_max is None else f"at most {kv_max:.0%}"
         return LimitVerdict("scheduler", f"up to {waiting.max():.0f} requests waiting while running stayed at "

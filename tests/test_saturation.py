@@ -102,3 +102,11 @@ def test_sweep_figures():
     assert list(fig.axes[0].lines[0].get_xdata()) == [100, 380, 700, 730, 740]
     fig = plots.server_timeseries(frames[-1])
     assert fig.axes[0].lines[0].get_ydata().max() == pytest.approx(0.4)
+
+
+def test_cohorts_finishing_together_still_read_as_the_scheduler_cap():
+    # Closed-loop users with equal output lengths finish in the same step: running is sampled at 8 only
+    # half the time (0-3 in between) while 56 wait throughout.
+    running = np.r_[np.full(10, 8), np.tile([0, 3], 5)]
+    verdict = classify_limit(gauges(running, 56, 0.01), max_num_seqs=8)
+    assert verdict.limit == "scheduler" and verdict.evidence["running_at_cap_share"] == 0.5
