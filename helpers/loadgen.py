@@ -534,24 +534,31 @@ class _LoadRun:
                     body = (await resp.read()).decode(errors="replace")
                     timing.error = f"HTTP {resp.status}: {body[:300]}"
                     return
-                async for raw in resp.content:  # one SSE line at a time, as it arrives
+                pending = b""
+                # Whatever bytes have arrived, at once (as vllm bench serve reads): under load several SSE
+                # lines come together, and one await per read instead of per line keeps the client ahead.
+                async for data in resp.content.iter_any():
                     now = time.perf_counter()
                     if timing.t_first_byte is None:
                         timing.t_first_byte = now
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data:"):
-                        continue  # blank separators and ": ping" comments
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
+                    *lines, pending = (pending + data).split(b"\n")
+                    for raw in lines:
+                        line = raw.decode(errors="replace").strip()
+                        if not line.startswith("data:"):
+                            continue  # blank separators and ": ping" comments
+                        payload_text = line[5:].strip()
+                        if payload_text == "[DONE]":
+                            done = True
+                            break
+                        chunk = json.loads(payload_text)
+                        if "error" in chunk or chunk.get("object") == "error":
+                            err = chunk.get("error", chunk)
+                            message = err.get("message", err) if isinstance(err, dict) else err
+                            timing.error = f"server error in stream: {message}"
+                            return
+                        _record_chunk(timing, chunk, now)
+                    if done:
                         break
-                    chunk = json.loads(data)
-                    if "error" in chunk or chunk.get("object") == "error":
-                        err = chunk.get("error", chunk)
-                        message = err.get("message", err) if isinstance(err, dict) else err
-                        timing.error = f"server error in stream: {message}"
-                        return
-                    _record_chunk(timing, chunk, now)
             if not done and timing.error is None:
                 timing.error = "stream ended before [DONE]"
         except asyncio.CancelledError:
