@@ -113,12 +113,15 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
     text = _printed(run)
     assert "same 32 tokens from both loops: True" in text
     blocks, measured = map(int, re.search(r"-> (\d+) blocks of .* = (\d+) blocks;", text, re.S).groups())
-    assert measured in (blocks, blocks - 1)  # the gauge is sampled: it may miss the last block's few steps
+    # The gauge is sampled (every 0.1 s, by a client that shares a core with the server): it may miss the
+    # last blocks' few steps, but it can never exceed what the request holds.
+    assert blocks // 2 < measured <= blocks
+    assert "after the request ended 0.0000%" in text
     hits, queries = map(float, re.search(r"server: (\d+) of (\d+) prompt tokens served from the prefix cache",
                                          text).groups())
     assert 0 < hits < queries  # three warm requests hit, the cold one did not
     assert re.search(r"the cache saved [1-9][\d.]*% of the prefill work", text)
-    assert text.count("running streams' longest gap during the long prefill") == 2
+    assert text.count("the long prompt's prefill took") == 2  # default and chunked, both measured
     assert lab.engine.is_ready() and flag_value(lab.engine.args(), "--max-num-batched-tokens") is None
 
 
