@@ -759,6 +759,17 @@ def _label(load: Load) -> str:
     return f"rate {load.rate:g}/s{cap}"
 
 
+async def calibrate_for(settings: Settings, model: str, workload: Workload,
+                        http: aiohttp.ClientSession | None = None) -> PromptFactory:
+    """``calibrate_prompts`` against the settings' endpoint with the workload's template kwargs and seed,
+    on ``http`` or on a short-lived session of its own."""
+    if http is None:
+        async with _http_client(None, 30.0) as own:
+            return await calibrate_for(settings, model, workload, own)
+    return await calibrate_prompts(http, settings.root_url, model, settings.auth_headers(),
+                                   workload.extra_body.get("chat_template_kwargs"), workload.seed)
+
+
 def _http_client(max_connections: int | None, request_timeout_s: float) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=max_connections or 0)
     # No total deadline on a stream (a long generation is not an error); a silent socket is.
@@ -782,9 +793,7 @@ async def arun_load(settings: Settings, workload: Workload, load: Load, *, model
     salt = secrets.randbits(20) if salt is None else salt
     async with _http_client(None, request_timeout_s) as http:
         if prompts is None:
-            headers = settings.auth_headers()
-            prompts = await calibrate_prompts(http, settings.root_url, model, headers,
-                                              workload.extra_body.get("chat_template_kwargs"), workload.seed)
+            prompts = await calibrate_for(settings, model, workload, http)
         run = _LoadRun(settings, workload, load, model, prompts, progress, max_consecutive_failures, lag_interval_s,
                        salt)
         return await run.execute(http)
@@ -828,10 +837,7 @@ async def arun_sweep(settings: Settings, workload: Workload, *, concurrencies: l
     model = kwargs.pop("model", None) or settings.model
     results: list[LoadResult] = []
     try:
-        async with _http_client(None, 30.0) as http:
-            headers = settings.auth_headers()
-            prompts = await calibrate_prompts(http, settings.root_url, model, headers,
-                                              workload.extra_body.get("chat_template_kwargs"), workload.seed)
+        prompts = await calibrate_for(settings, model, workload)
         for one in loads:
             sampler = server_metrics.GaugeSampler(settings.metrics_url, sample_interval_s) if metrics else None
             try:
@@ -916,9 +922,4 @@ def run_sync(make_coro: Callable[[], Awaitable[T]], poll_s: float = 0.1) -> T:
 def prompt_factory(settings: Settings, model: str | None = None, seed: int = 0) -> PromptFactory:
     """A calibrated PromptFactory for one-off prompts of an exact token count (outside a load run)."""
 
-    async def make() -> PromptFactory:
-        async with _http_client(None, 30.0) as http:
-            return await calibrate_prompts(http, settings.root_url, model or settings.model, settings.auth_headers(),
-                                           seed=seed)
-
-    return run_sync(make)
+    return run_sync(lambda: calibrate_for(settings, model or settings.model, Workload(seed=seed)))

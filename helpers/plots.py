@@ -64,6 +64,12 @@ def _sweep_x(table: pd.DataFrame, x: str | None) -> str:
     return "concurrency" if "concurrency" in table and table["concurrency"].notna().all() else "request_rate"
 
 
+def _log2_x_if_wide(ax, values: pd.Series) -> None:
+    """A base-2 log x axis when the loads span a factor of 8 or more (1, 8, 32, 64 ...)."""
+    if values.min() > 0 and values.max() / values.min() >= 8:
+        ax.set_xscale("log", base=2)
+
+
 def throughput_vs_load(table: pd.DataFrame, x: str | None = None, knee: float | None = None,
                        title: str = "Throughput as load grows") -> Figure:
     """Output tokens/s (left) and requests/s (right) per run of a sweep; the knee marked when given."""
@@ -73,8 +79,7 @@ def throughput_vs_load(table: pd.DataFrame, x: str | None = None, knee: float | 
     ax.plot(data[x], data["output_throughput"], marker="o", color="tab:blue", label="output tokens/s")
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel("output tokens/s", color="tab:blue")
-    if data[x].min() > 0 and data[x].max() / data[x].min() >= 8:
-        ax.set_xscale("log", base=2)
+    _log2_x_if_wide(ax, data[x])
     right = ax.twinx()
     right.plot(data[x], data["request_throughput"], marker="s", linestyle="--", color="tab:orange", label="requests/s")
     right.set_ylabel("requests/s", color="tab:orange")
@@ -101,8 +106,7 @@ def latency_vs_load(table: pd.DataFrame, x: str | None = None,
                 ax.plot(data[x], data[col], marker="o", linestyle=style, label=f"{stat}")
         ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel(f"{metric.upper()} (ms)")
-        if data[x].min() > 0 and data[x].max() / data[x].min() >= 8:
-            ax.set_xscale("log", base=2)
+        _log2_x_if_wide(ax, data[x])
         ax.legend()
     fig.suptitle(title)
     return fig
