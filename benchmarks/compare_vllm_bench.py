@@ -55,6 +55,15 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, concurrency: int, 
     return json.loads((out_dir / f"{tag}.json").read_text())
 
 
+def bench_and_count(settings, model: str, tokenizer: str, concurrency: int, args: argparse.Namespace,
+                    out_dir: Path, tag: str) -> tuple[dict, int]:
+    """One ``vllm bench serve`` run and the mean prompt length the server counted for its requests."""
+    before = scrape(settings.metrics_url)
+    figures = run_vllm_bench(settings.root_url, model, tokenizer, concurrency, args, out_dir, tag)
+    served = window(before, scrape(settings.metrics_url))
+    return figures, round(served["prompt_tokens"] / served["request_success"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8")
@@ -70,7 +79,7 @@ def main() -> None:
     os.environ.update(WORKSHOP_PORT=args.port, WORKSHOP_STATE_DIR=tempfile.mkdtemp(prefix="bench-compare-"))
     out_dir = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     lab = connect(load_settings())
-    settings, model = lab.settings, lab.model
+    settings, model, tokenizer = lab.settings, lab.model, lab.engine.config().model
     rows = []
     try:
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
@@ -80,19 +89,13 @@ def main() -> None:
                 prompt_len = None
                 for tool in order:
                     if tool == "vllm":
-                        before = scrape(settings.metrics_url)
-                        figures[tool] = run_vllm_bench(settings.root_url, model, lab.engine.config().model,
-                                                       concurrency, args, out_dir, f"c{concurrency}-r{repeat}")
-                        served = window(before, scrape(settings.metrics_url))
-                        prompt_len = round(served["prompt_tokens"] / served["request_success"])
+                        figures[tool], prompt_len = bench_and_count(settings, model, tokenizer, concurrency, args,
+                                                                    out_dir, f"c{concurrency}-r{repeat}")
                     else:
                         if prompt_len is None:  # ours first: learn the server-counted length from a probe run
-                            before = scrape(settings.metrics_url)
-                            run_vllm_bench(settings.root_url, model, lab.engine.config().model, 1,
-                                           argparse.Namespace(**{**vars(args), "num_prompts": 2, "warmups": 0}),
-                                           out_dir, f"probe-c{concurrency}-r{repeat}")
-                            served = window(before, scrape(settings.metrics_url))
-                            prompt_len = round(served["prompt_tokens"] / served["request_success"])
+                            probe = argparse.Namespace(**{**vars(args), "num_prompts": 2, "warmups": 0})
+                            _, prompt_len = bench_and_count(settings, model, tokenizer, 1, probe, out_dir,
+                                                            f"probe-c{concurrency}-r{repeat}")
                         result = run_load(settings, Workload(input_len=prompt_len, output_len=args.output_len),
                                           Load(concurrency=concurrency, num_requests=args.num_prompts,
                                                warmup_requests=args.warmups))
