@@ -1,7 +1,9 @@
 """Where a sweep stops scaling, and what limits it there.
 
 ``find_knee``: the last load level worth having: the next one adds less than ``min_gain`` (10 %) output
-throughput while the median TTFT grows by ``ttft_growth`` (2x) or more.
+throughput per doubling of load while the median TTFT grows by ``ttft_growth`` (2x) or more. The gain is
+taken per doubling because sweeps step unevenly (1, 8, 32): +15 % from 8 to 32 users is two doublings
+at +7 % each, a flat curve plus noise, not growth.
 
 ``classify_limit``: reads the server's gauges sampled during one run (helpers/server_metrics.py):
 - ``memory``: the KV cache is (nearly) full and requests are preempted or kept waiting: the batch is
@@ -38,7 +40,8 @@ class LimitVerdict:
 
 def find_knee(load: Sequence[float], throughput: Sequence[float], ttft_p50: Sequence[float],
               min_gain: float = 0.10, ttft_growth: float = 2.0) -> int | None:
-    """Index of the last run before throughput stops growing (< min_gain) while TTFT p50 grows >= ttft_growth x.
+    """Index of the last run before throughput stops growing (< min_gain per doubling of load) while TTFT p50
+    grows >= ttft_growth x.
 
     ``load`` must be increasing; None when the sweep never saturates.
     """
@@ -50,7 +53,9 @@ def find_knee(load: Sequence[float], throughput: Sequence[float], ttft_p50: Sequ
         thr, thr_next, ttft, ttft_next = throughput[i], throughput[i + 1], ttft_p50[i], ttft_p50[i + 1]
         if thr is None or thr_next is None or ttft is None or ttft_next is None or not thr > 0 or not ttft > 0:
             continue
-        if (thr_next - thr) / thr < min_gain and ttft_next / ttft >= ttft_growth:
+        doublings = np.log2(load[i + 1] / load[i])
+        gain_per_doubling = (thr_next / thr) ** (1 / doublings) - 1 if thr_next > 0 else -1.0
+        if gain_per_doubling < min_gain and ttft_next / ttft >= ttft_growth:
             return i
     return None
 
@@ -109,6 +114,7 @@ class SweepAnalysis:
     knee_load: float | None
     limit: str | None  # None when the sweep never saturates
     reason: str
+    top_limit: str = "unknown"  # what the server showed in the most loaded run, knee or not
 
 
 def load_axis(summaries: Sequence[dict[str, Any]]) -> tuple[str, list[float]]:
@@ -152,14 +158,16 @@ def analyze_sweep(summaries: Sequence[dict[str, Any]], gauges: Sequence[pd.DataF
         "running_max": [v.evidence.get("running_max") for v in verdicts],
         "preemptions": [v.evidence.get("preemptions") for v in verdicts],
     })
-    if knee is None:
-        return SweepAnalysis(table, None, None, None,
-                             "throughput still grows (or TTFT stays flat) across the sweep: not saturated; "
-                             "extend it to higher load")
-    # The most loaded run past the knee shows the limit most clearly.
+    # The most loaded run shows the limit most clearly. Its gauges are read even without a knee: requests
+    # queued at the cap are a fact of that run, while a knee rests on throughput differences that a short
+    # run on a busy machine can blur.
     verdict = verdicts[-1]
+    if knee is None:
+        reason = ("throughput still grows (or TTFT stays flat) across the sweep: not saturated; extend it to "
+                  f"higher load. At {axis} {x[-1]:g} the server shows: {verdict.reason}")
+        return SweepAnalysis(table, None, None, None, reason, verdict.limit)
     reason = f"throughput stops growing after {axis} {x[knee]:g}; at {axis} {x[-1]:g}: {verdict.reason}"
-    return SweepAnalysis(table, knee, x[knee], verdict.limit, reason)
+    return SweepAnalysis(table, knee, x[knee], verdict.limit, reason, verdict.limit)
 
 
 def analyze_results(results: Sequence[Any], max_num_seqs: int | None = None, **kwargs: Any) -> SweepAnalysis:

@@ -133,6 +133,7 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     small = re.search(r"With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
     assert small, text[-2000:]
     assert int(small.group(1)) <= 4 and int(small.group(2)) > 0
+    # Knee or not (a short run's throughput is noisy), 28 users queued behind 4 running is the scheduler cap
     assert "limit 'scheduler'" in text.split("With --max-num-seqs 32")[0]
     assert "The load generator's own loop lag at 32 users" in text
     assert flag_value(lab.engine.args(), "--max-num-seqs") is None

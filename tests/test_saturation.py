@@ -74,6 +74,7 @@ def test_a_sweep_that_keeps_scaling_has_no_knee():
     runs = summaries([100, 390, 760, 1480, 2900], [20, 21, 23, 26, 31])
     result = analyze_sweep(runs, [gauges(c, 0, 0.01 * c) for c in CONCURRENCY])
     assert result.knee_index is None and result.limit is None
+    assert result.top_limit == "compute"
     assert "not saturated" in result.reason
 
 
@@ -82,6 +83,23 @@ def test_find_knee_needs_both_a_flat_throughput_and_a_growing_ttft():
     assert find_knee([1, 2, 4], [100, 180, 185], [10, 11, 40]) == 1
     with pytest.raises(ValueError, match="increasing"):
         find_knee([4, 2], [1, 2], [1, 2])
+
+
+def test_find_knee_takes_the_gain_per_doubling_of_load():
+    # 8 -> 32 users is two doublings: +15 % is about +7 % each, a flat curve with noise
+    assert find_knee([1, 8, 32], [100, 700, 805], [20, 300, 1400]) == 1
+    # the same +15 % over one doubling is still growth
+    assert find_knee([1, 8, 16], [100, 700, 805], [20, 300, 1400]) is None
+
+
+def test_without_a_knee_the_most_loaded_run_still_names_its_limit():
+    # A noisy short sweep where throughput seemed to keep growing, yet requests queued at the cap of 8
+    runs = summaries([100, 380, 700, 900, 1150], [20, 22, 25, 30, 36])
+    frames = [gauges(min(c, 8), max(0, c - 8), 0.05 * min(c, 8)) for c in CONCURRENCY]
+    result = analyze_sweep(runs, frames, max_num_seqs=8)
+    assert result.knee_index is None and result.limit is None
+    assert result.top_limit == "scheduler"
+    assert "not saturated" in result.reason and "max-num-seqs" in result.reason
 
 
 def test_classify_without_gauges_is_unknown():
