@@ -30,6 +30,13 @@ import httpx
 from helpers.settings import GPU_MODEL, TINY_AGENT, Settings, models_dir, state_dir
 
 CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must be set explicitly
+# The model runs inside the engine-core process instead of a separate worker process. With a worker,
+# the engine core's main thread waits for each step in a sched_yield loop (vllm/distributed/
+# device_communicators/shm_broadcast.py, SpinCondition.wait) that keeps taking the GIL back, so on a
+# machine with few free cores its output thread can starve until the engine goes idle: a request's
+# whole stream then arrives at once, at its end. On 2 cores that hit 3 to 24 of 32 requests per run
+# of `vllm bench serve` (TTFT ~0.5 s instead of ~17 ms); in-process, none in 3 runs (README, "CPU engine").
+CPU_ENGINE_ENV = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
 CPU_START_TIMEOUT_S = 300.0
 GPU_START_TIMEOUT_S = 1200.0
 
@@ -226,6 +233,7 @@ def default_config(settings: Settings) -> EngineConfig:
             # eager mode: starts ~10 s sooner than torch.compile on 2 cores (see README, "CPU engine")
             args=("--max-model-len", "4096", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
                   "--enforce-eager", *tool_flags),
+            env=CPU_ENGINE_ENV,
         )
     return EngineConfig(
         model=settings.model, served_name=settings.model,

@@ -84,7 +84,13 @@ class Workload:
 
     ``input_len``: prompt tokens as the server counts them (chat template included) for the first turn;
     an int, or a ``(low, high)`` range drawn uniformly. ``output_len``: completion tokens, likewise;
-    with ``exact_output`` the server is told ``min_tokens`` = ``max_tokens`` and ``ignore_eos``.
+    with ``exact_output`` the server is told ``ignore_eos`` and, with ``min_tokens`` (the default),
+    ``min_tokens`` = ``max_tokens`` too. ``ignore_eos`` alone already fixes the length, but past its natural
+    end a small model then emits stop tokens that stream no text, so the server sends fewer, fuller chunks
+    than a real answer would; ``min_tokens`` masks the stop tokens and the model writes text to the end.
+    ``vllm bench serve`` sends ``ignore_eos`` only: ``min_tokens=False`` sends the same request.
+    ``usage_per_chunk``: ask for ``continuous_usage_stats`` (the server's token count in every chunk,
+    which per-token ITL needs); without it a chunk counts as one token and the final usage gives n_out.
     ``prefix``: ``"unique"`` (every request starts differently: no prefix-cache hits) or ``"shared"``
     (the first ``shared_prefix_len`` tokens after the chat header are the same for all requests, then a
     unique part). ``turns`` > 1: agent-like conversations; each later turn re-sends the whole
@@ -107,6 +113,8 @@ class Workload:
     extra_body: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     prompts: list[list[dict[str, Any]]] | None = None
+    min_tokens: bool = True
+    usage_per_chunk: bool = True
 
     def validate(self) -> None:
         """Raise ValueError with what to change when the workload is inconsistent."""
@@ -488,11 +496,13 @@ class _LoadRun:
         return conv
 
     def _payload(self, messages: list[dict[str, Any]], output_len: int) -> dict[str, Any]:
+        stream_options = dict(STREAM_OPTIONS) if self.workload.usage_per_chunk else {"include_usage": True}
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": output_len, "stream": True,
-                                "stream_options": dict(STREAM_OPTIONS), "temperature": self.workload.temperature}
+                                "stream_options": stream_options, "temperature": self.workload.temperature}
         if self.workload.exact_output:
-            body["min_tokens"] = output_len
             body["ignore_eos"] = True
+            if self.workload.min_tokens:
+                body["min_tokens"] = output_len
         body.update(self.workload.extra_body)
         return body
 

@@ -56,6 +56,15 @@ def test_token_counts_come_from_the_servers_running_usage(make_fake):
     assert result.prompt_len_method == "tokenize"
 
 
+def test_the_request_vllm_bench_serve_sends_is_one_option_away(make_fake):
+    fake = make_fake()
+    run_load(settings_for(fake), Workload(input_len=80, output_len=10, min_tokens=False, usage_per_chunk=False),
+             Load(concurrency=1, num_requests=1))
+    sent = fake.chat_payloads[0]
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["ignore_eos"] is True and sent["max_tokens"] == 10 and "min_tokens" not in sent
+
+
 def test_without_continuous_usage_the_final_count_wins_without_a_fake_chunk(make_fake):
     fake = make_fake(chunk_pattern=(1, 3, 2), continuous_usage=False)
     result = run_load(settings_for(fake), Workload(input_len=80, output_len=10), Load(concurrency=1, num_requests=1))
