@@ -34,8 +34,8 @@ CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must
 # the engine core's main thread waits for each step in a sched_yield loop (vllm/distributed/
 # device_communicators/shm_broadcast.py, SpinCondition.wait) that keeps taking the GIL back, so on a
 # machine with few free cores its output thread can starve until the engine goes idle: a request's
-# whole stream then arrives at once, at its end. On 2 cores that hit 3 to 24 of 32 requests per run
-# of `vllm bench serve` (TTFT ~0.5 s instead of ~17 ms); in-process, none in 3 runs (README, "CPU engine").
+# whole stream then arrives at once, at its end. On 2 cores that hit 2 to 18 of 32 requests in each of 4
+# runs of `vllm bench serve` (TTFT ~0.5 s instead of ~17 ms); in-process, none in 5 runs (README, profiles).
 CPU_ENGINE_ENV = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
 CPU_START_TIMEOUT_S = 300.0
 GPU_START_TIMEOUT_S = 1200.0
