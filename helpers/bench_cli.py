@@ -53,6 +53,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--input-len", required=True, metavar="N|LOW:HIGH", help="prompt tokens (chat template included)")
     p.add_argument("--output-len", required=True, metavar="M|LOW:HIGH",
                    help="output tokens (exact: min_tokens + ignore_eos)")
+    p.add_argument("--vllm-bench-requests", action="store_true",
+                   help="send what vllm bench serve sends: ignore_eos without min_tokens, usage only at the end "
+                        "(no per-token ITL); see README, 'Measurements and vllm bench serve'")
     p.add_argument("--num-requests", metavar="K", help=f"measured requests per run (default {DEFAULT_NUM_REQUESTS} "
                                                        "unless --duration is given)")
     p.add_argument("--duration", metavar="S", help="seconds per run (no new request after it)")
@@ -139,7 +142,8 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str,
                         output_len=_length("--output-len", args.output_len),
                         prefix=args.prefix, shared_prefix_len=_number("--shared-prefix-len", args.shared_prefix_len,
                                                                       minimum=0),
-                        turns=_number("--turns", args.turns))
+                        turns=_number("--turns", args.turns),
+                        min_tokens=not args.vllm_bench_requests, usage_per_chunk=not args.vllm_bench_requests)
     duration = None if args.duration is None else _number("--duration", args.duration, float, minimum=1e-9)
     num = None if args.num_requests is None else _number("--num-requests", args.num_requests)
     if num is None and duration is None:

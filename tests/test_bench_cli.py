@@ -46,6 +46,14 @@ def test_bench_sweep_prints_a_table_and_saves_vllm_named_json_and_csv(fake, tmp_
     assert len(fake.chat_payloads) == 2 * (4 + 1)
 
 
+def test_bench_can_send_the_requests_vllm_bench_serve_sends(fake, capsys):
+    code = run(["bench", "--concurrency", "1", "--input-len", "60", "--output-len", "4", "--num-requests", "2",
+                "--warmup", "0", "--no-metrics", "--vllm-bench-requests"])
+    assert code == 0, capsys.readouterr()
+    assert all("min_tokens" not in p and p["ignore_eos"] is True and p["stream_options"] == {"include_usage": True}
+               for p in fake.chat_payloads)
+
+
 def test_bench_against_an_unreachable_endpoint_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setenv("VLLM_HOST", "http://127.0.0.1:1/v1")
     assert run(["bench", "--concurrency", "1", "--input-len", "60", "--output-len", "4"]) == 2
