@@ -33,13 +33,12 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from helpers.bench_results import summarize
-from helpers.engine import default_config, make_engine, with_flag
+from helpers.engine import make_engine
 from helpers.loadgen import Load, Workload, prompt_factory, run_load
 from helpers.settings import load_settings
 
@@ -114,9 +113,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     settings = load_settings()
     engine = make_engine(settings)
-    base = default_config(settings)
-    engine.apply(replace(base, args=with_flag(base.args, "--no-enable-prefix-caching")))
-    model, tokenizer = engine.model, base.model
+    engine.set_flag("--no-enable-prefix-caching")  # starts it: the profile's baseline plus this flag
+    model, tokenizer = engine.model, engine.config().model
     dataset = work / "prompts.jsonl"
     texts = write_prompts(settings, model, args.num_prompts, args.input_len, dataset)
     tools = ["vllm", "ours", *(["ours_defaults"] if args.also_defaults else [])]
