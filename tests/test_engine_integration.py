@@ -20,7 +20,7 @@ from helpers.session import EndpointError, connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings
 
 pytestmark = pytest.mark.engine
-PORT = "8765"
+PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")  # another port lets two suites run side by side
 
 
 @pytest.fixture(scope="module")
