@@ -5,9 +5,10 @@ wait until ready, tail the log, stop. ``LocalEngine`` runs a real vLLM OpenAI-co
 child process (vLLM's CPU build without a GPU, ``vllm`` with one); a Kubernetes backend patches the
 participant's Deployment behind the same methods. Notebooks never branch on where the engine runs.
 
-Ready means ``/v1/models`` lists the expected model, not merely that ``/health`` answers. A restart
-with new flags that fails shows the relevant log lines and brings the engine back on the last good
-configuration.
+Ready means ``/v1/models`` lists the expected model and the engine has generated one token for it,
+not merely that ``/health`` answers: a configuration can start and still fail on its first request
+(a kernel this CPU lacks). A restart with new flags that fails, at start or at that first token, shows
+the relevant log lines and brings the engine back on the last good configuration.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 
 import httpx
 
+from helpers.forced_isa import engine_environment
+from helpers.machine import FORCE_ISA_VARIABLE
 from helpers.settings import GPU_MODEL, TINY_AGENT, Settings, models_dir, state_dir
 
 CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must be set explicitly
@@ -221,6 +224,30 @@ def list_models(settings: Settings, timeout_s: float = 3.0) -> list[str]:
     return [m["id"] for m in resp.json().get("data", [])]
 
 
+def first_token_error(settings: Settings, model: str, timeout_s: float = 120.0) -> str | None:
+    """None when the endpoint generates one token for ``model``; otherwise why not, in one line."""
+    try:
+        resp = httpx.post(settings.base_url + "/completions", headers=settings.auth_headers(), timeout=timeout_s,
+                          json={"model": model, "prompt": "hi", "max_tokens": 1})
+    except httpx.HTTPError as err:
+        return f"{type(err).__name__}: {err}"
+    if resp.status_code == 200:
+        return None
+    try:
+        detail = resp.json().get("error", {}).get("message") or resp.text
+    except ValueError:
+        detail = resp.text
+    return f"HTTP {resp.status_code}: {str(detail).strip()[:200]}"
+
+
+def auth_error(err: Exception) -> EngineError | None:
+    """A clear error for a refused API key (HTTP 401/403), which is not "not ready yet"."""
+    if isinstance(err, httpx.HTTPStatusError) and err.response.status_code in (401, 403):
+        return EngineError(f"The engine refused the API key (HTTP {err.response.status_code}): set VLLM_API_KEY to the "
+                           "key the engine was started with (your instructor has it), then restart the kernel.")
+    return None
+
+
 def default_config(settings: Settings) -> EngineConfig:
     """The baseline configuration of a profile (what ``workshop up`` starts)."""
     tool_flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
@@ -343,6 +370,7 @@ class LocalEngine(Engine):
         if self.settings.api_key:
             env["VLLM_API_KEY"] = self.settings.api_key  # read by vLLM; keeps the key off the command line
         env.update(dict(config.env))
+        env.update(engine_environment(os.environ.get(FORCE_ISA_VARIABLE), env))  # run as another CPU kind would
         log = self.log_path().open("ab")
         offset = log.tell()
         log.write(f"\n=== starting {time.strftime('%Y-%m-%d %H:%M:%S')}: {config.served_name} "
@@ -361,7 +389,8 @@ class LocalEngine(Engine):
         return not _pid_alive(self._load().pid)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Block until ``/v1/models`` lists the expected model; raise with the log if the server dies."""
+        """Block until ``/v1/models`` lists the expected model and one token is generated; raise with the
+        log if the server dies or cannot generate."""
         timeout_s = timeout_s or (CPU_START_TIMEOUT_S if self.settings.profile == "cpu" else GPU_START_TIMEOUT_S)
         deadline = time.monotonic() + timeout_s
         state = self._load()
@@ -372,15 +401,24 @@ class LocalEngine(Engine):
             try:
                 served = self.served_models(timeout_s=2.0)
                 if expected in served:
+                    self._check_first_token(expected)
                     return
                 if served:
                     raise EngineError(f"The engine serves {served}, not {expected!r}.")
-            except (httpx.HTTPError, ValueError):
-                pass
+            except (httpx.HTTPError, ValueError) as err:
+                if auth_error(err):
+                    raise auth_error(err) from None
             if self._exited():
                 raise EngineStartError("vLLM exited before it became ready.", self._recent_log_excerpt())
             time.sleep(1.0)
         raise EngineStartError(f"vLLM was not ready after {timeout_s:.0f} s.", self._recent_log_excerpt())
+
+    def _check_first_token(self, model: str) -> None:
+        error = first_token_error(self.settings, model)
+        if error:
+            time.sleep(0.5)  # let the server's log take the traceback of the failed step
+            raise EngineStartError(f"vLLM started and lists {model!r}, but could not generate a token ({error}): "
+                                   "this configuration cannot serve here.", self._recent_log_excerpt())
 
     def _recent_log_excerpt(self) -> str:
         try:

@@ -38,7 +38,8 @@ from typing import Any
 
 import httpx
 
-from helpers.engine import GPU_START_TIMEOUT_S, Engine, EngineConfig, EngineError, EngineStartError, flag_value, log_excerpt
+from helpers.engine import (GPU_START_TIMEOUT_S, Engine, EngineConfig, EngineError, EngineStartError, first_token_error,
+                            flag_value, log_excerpt)
 from helpers.provision import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
 from helpers.settings import Settings
 
@@ -401,7 +402,11 @@ class KubernetesEngine(Engine):
             try:
                 served = self.served_models(timeout_s=3.0)
                 if expected in served:
-                    return
+                    error = first_token_error(self.settings, expected)
+                    if error is None:
+                        return
+                    raise _RolloutFailed(f"the engine lists {expected!r} but could not generate a token ({error})",
+                                         newest_pod(self._pods(selector), old_pods), self.container)
                 if served:  # Recreate: once rolled out, only the new pod answers
                     raise _RolloutFailed(f"the engine serves {served}, not {expected!r}",
                                          newest_pod(self._pods(selector), old_pods), self.container)

@@ -49,6 +49,10 @@ class FakeVllm:
         self.metrics_text = metrics_text
         self.continuous_usage = continuous_usage  # False: usage only in the last, choice-less chunk
         self.chat_payloads: list[dict[str, Any]] = []
+        self.completion_payloads: list[dict[str, Any]] = []
+        # what /v1/completions answers, one status per request (the last one repeats): 500 plays a server
+        # that starts but cannot generate
+        self.completion_statuses: list[int] = [200]
         self.tokenize_calls = 0
         self.inflight = 0
         self.max_inflight = 0
@@ -127,6 +131,12 @@ class FakeVllm:
                 await self._tokenize(writer, payload)
             elif path == "/metrics" and self.metrics_text is not None:
                 await self._send(writer, 200, self.metrics_text.encode(), "text/plain; version=0.0.4")
+            elif path == "/v1/completions" and method == "POST":  # the engines' one-token readiness check
+                self.completion_payloads.append(payload)
+                status = self.completion_statuses.pop(0) if len(self.completion_statuses) > 1 else self.completion_statuses[0]
+                body = ({"choices": [{"index": 0, "text": " hi", "finish_reason": "length"}]}
+                        if status == 200 else {"error": {"message": "EngineCore encountered an issue."}})
+                await self._json(writer, status, body)
             elif path == "/v1/chat/completions" and method == "POST":
                 await self._chat(writer, payload)
             else:

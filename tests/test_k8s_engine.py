@@ -49,9 +49,10 @@ def _fake_module():
 class Cluster:
     """The fake kubectl's state and the calls it received."""
 
-    def __init__(self, state_path: Path, settings) -> None:
+    def __init__(self, state_path: Path, settings, server: FakeVllm) -> None:
         self.path = state_path
         self.settings = settings
+        self.server = server
 
     def state(self) -> dict[str, Any]:
         return json.loads(self.path.read_text())
@@ -104,7 +105,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server = FakeVllm().start()
     settings = load_settings({"WORKSHOP_PROFILE": "k8s", "VLLM_HOST": server.base_url, "NAMESPACE": NS,
                               "MODEL_NAME": MODEL, "VLLM_API_KEY": SECRET})
-    yield Cluster(state_path, settings)
+    yield Cluster(state_path, settings, server)
     server.stop()
 
 
@@ -307,6 +308,17 @@ def test_a_model_the_endpoint_does_not_list_is_rolled_back(cluster):
     assert "the engine serves ['Qwen/Qwen3-4B'], not 'RedHatAI/Qwen3-4B-FP8-dynamic'" in str(info.value)
     assert cluster.vllm_args()[:4] == ["--model", MODEL, "--served-model-name", MODEL]
     assert engine.model == MODEL
+
+
+def test_a_configuration_that_starts_but_cannot_generate_is_rolled_back(cluster):
+    engine = cluster.engine()
+    cluster.server.completion_statuses = [500, 200]  # the new pod lists the model, then fails its first token
+    with pytest.raises(EngineStartError) as info:
+        engine.set_flag("--kv-cache-dtype", "fp8", timeout_s=30)
+    assert "could not generate a token (HTTP 500: EngineCore encountered an issue.)" in str(info.value)
+    assert "Rolled back to the last good configuration" in str(info.value)
+    assert "--kv-cache-dtype" not in cluster.vllm_args() and engine.config().served_name == MODEL
+    assert [p["max_tokens"] for p in cluster.server.completion_payloads] == [1, 1]
 
 
 def test_kubectl_errors_say_what_to_check(cluster, monkeypatch):
