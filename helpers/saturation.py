@@ -14,6 +14,11 @@ at +7 % each, a flat curve plus noise, not growth.
   batch (compute or memory bandwidth; a faster GPU, quantization or a smaller model help).
 ``--max-num-seqs`` is not in /metrics: pass it when known; otherwise the highest running count seen in
 the sweep stands for it (and the verdict says it was inferred).
+
+The conclusions of notebook 07 (``cap_conclusion``, ``lift_conclusion``, ``goodput_conclusion``, ...) take the
+sweeps' numbers and return the sentence with its verdict; ``control_conclusion`` compares the two sweeps at
+concurrency 1, where the cap cannot matter, and its disagreement is the noise the other comparisons are
+judged against. ``relative_slos`` sets goodput SLOs as multiples of this machine's concurrency-1 latencies.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+
+from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
+from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, expected
 
 KV_FULL = 0.90  # KV usage (fraction) counted as full
 WAITING_SHARE = 0.20  # share of samples with requests waiting that counts as "requests wait"
@@ -175,3 +183,151 @@ def analyze_results(results: Sequence[Any], max_num_seqs: int | None = None, **k
     from helpers.bench_results import summarize
 
     return analyze_sweep([summarize(r) for r in results], [r.gauges for r in results], max_num_seqs, **kwargs)
+
+
+# ---------------------------------------------------------------- conclusions (notebook 07)
+
+TPOT_FALL = 0.25  # median TPOT lower by this share at a higher load: the machine got faster during the sweep
+
+
+def knee_sentence(analysis: SweepAnalysis, top: float) -> str:
+    """The knee and its limit; without a knee, what the gauges of the most loaded run still show."""
+    if analysis.knee_load is not None:
+        return f"knee at concurrency {analysis.knee_load:g}, limit '{analysis.limit}'"
+    return (f"no knee in throughput up to concurrency {top:g}; at {top:g} users the server's gauges read "
+            f"limit '{analysis.top_limit}'")
+
+
+def relative_slos(c1: dict[str, Any], ttft_x: float, tpot_x: float) -> dict[str, float]:
+    """Goodput SLOs (ms) as multiples of this machine's unloaded latencies: ``ttft_x`` times the median TTFT
+    and ``tpot_x`` times the median TPOT of the concurrency-1 run (a ``summarize`` dict)."""
+    ttft, tpot = c1.get("median_ttft_ms"), c1.get("median_tpot_ms")
+    if not ttft or not tpot:
+        raise ValueError("the concurrency-1 run has no TTFT/TPOT; run the sweep from concurrency 1 first")
+    return {"ttft": round(ttft_x * ttft, 1), "tpot": round(tpot_x * tpot, 2)}
+
+
+def slo_rule(slos: dict[str, float], ttft_x: float, tpot_x: float) -> str:
+    """The goodput rule in words, with the thresholds it gave on this machine."""
+    return (f"goodput SLOs relative to this machine: TTFT <= {ttft_x:g}x the median at concurrency 1 = "
+            f"{slos['ttft']:,.0f} ms, TPOT <= {tpot_x:g}x = {slos['tpot']:.1f} ms")
+
+
+def control_conclusion(small_tok_s: float, large_tok_s: float, concurrency: int = 1) -> tuple[Conclusion, float]:
+    """The two sweeps at concurrency 1, where the cap cannot matter: they should agree. Returns the sentence
+    and the noise (relative difference, at least ``SINGLE_RUN_NOISE_REL``) to judge the other differences by."""
+    v = compare_samples([small_tok_s], [large_tok_s])
+    if v.label not in (BETTER, WORSE, SAME):
+        return Conclusion(f"Control at concurrency {concurrency}: not measured in both sweeps.", WITHIN_NOISE), 1.0
+    gap = abs(v.ratio - 1)
+    noise = max(SINGLE_RUN_NOISE_REL, gap)
+    text = (f"Control at concurrency {concurrency} (one user: the cap cannot matter): {small_tok_s:.1f} vs "
+            f"{large_tok_s:.1f} output tok/s in the two sweeps, {gap:.0%} apart")
+    if v.label == SAME:
+        return Conclusion(text + f": the machine was steady; differences between the sweeps are judged against "
+                                 f"+/-{noise:.0%}.", SHOWN), noise
+    return Conclusion(text + f": the machine was noisy (something else used the CPU during one sweep); only "
+                             f"differences beyond +/-{noise:.0%} count below.", NOT_SHOWN), noise
+
+
+def steadiness_conclusion(summaries: Sequence[dict[str, Any]], label: str) -> Conclusion | None:
+    """A sweep whose median TPOT falls as load grows (a bigger batch cannot make a step faster): the machine
+    was busier during the earlier runs. None when TPOT never falls by more than ``TPOT_FALL``."""
+    runs = sorted((s for s in summaries if s.get("median_tpot_ms")), key=lambda s: s["concurrency"])
+    for i, early in enumerate(runs):
+        later = [s for s in runs[i + 1:] if s["median_tpot_ms"] < (1 - TPOT_FALL) * early["median_tpot_ms"]]
+        if later:
+            low = min(later, key=lambda s: s["median_tpot_ms"])
+            return Conclusion(f"{label}: median TPOT fell from {early['median_tpot_ms']:.1f} ms at concurrency "
+                              f"{early['concurrency']} to {low['median_tpot_ms']:.1f} ms at {low['concurrency']}; a "
+                              "bigger batch cannot make a step faster, so the machine was busier during the earlier "
+                              "runs: read this sweep's curve with care.", NOT_SHOWN)
+    return None
+
+
+def cap_conclusion(cap: int, analysis: SweepAnalysis, top: dict[str, Any]) -> Conclusion:
+    """The small cap's sweep: the lesson expects the scheduler cap to be the limit at the top load
+    (``top``: the most loaded run's ``summarize`` dict)."""
+    row = analysis.table.iloc[-1]
+    c = top["concurrency"]
+    running, waiting = (float("nan") if v is None else v for v in (row.running_max, row.waiting_max))
+    text = (f"With --max-num-seqs {cap}: {knee_sentence(analysis, c)}. At {c} users at most {running:.0f} ran "
+            f"and {waiting:.0f} waited; median TTFT {top['median_ttft_ms']:,.0f} ms, "
+            f"{top['output_throughput']:.0f} output tokens/s")
+    if analysis.top_limit == "scheduler":
+        return Conclusion(text + ": requests queue behind the cap while the KV cache has room.", SHOWN)
+    return Conclusion(text + f": the gauges read '{analysis.top_limit}', not the cap, so this load did not reach "
+                             f"{cap} running requests with more waiting (raise the top concurrency).", NOT_SHOWN)
+
+
+def lift_conclusion(cap: int, analysis: SweepAnalysis, small: dict[str, Any], large: dict[str, Any],
+                    noise_rel: float) -> Conclusion:
+    """The raised cap at the top load: the lesson expects more throughput and a shorter median TTFT, judged
+    against ``noise_rel`` (the control's disagreement). ``small``/``large``: the top runs' summaries."""
+    thr = compare_samples([small["output_throughput"]], [large["output_throughput"]], True, noise_rel)
+    ttft = compare_samples([small["median_ttft_ms"]], [large["median_ttft_ms"]], False, noise_rel)
+    c = large["concurrency"]
+    text = (f"With --max-num-seqs {cap}: {knee_sentence(analysis, c)}. At {c} users: median TTFT "
+            f"{small['median_ttft_ms']:,.0f} -> {large['median_ttft_ms']:,.0f} ms ({ttft.label}), "
+            f"{small['output_throughput']:.0f} -> {large['output_throughput']:.0f} output tokens/s "
+            f"({thr.ratio:.2f}x, {thr.label} at +/-{noise_rel:.0%}), median TPOT {small['median_tpot_ms']:.1f} -> "
+            f"{large['median_tpot_ms']:.1f} ms")
+    verdict = expected(thr, BETTER)
+    if verdict == SHOWN:
+        return Conclusion(text + ": admitting more requests per step bought throughput, paid for in TPOT.", SHOWN)
+    tpot_x = (large["median_tpot_ms"] / small["median_tpot_ms"]) if small.get("median_tpot_ms") else float("nan")
+    if verdict == WITHIN_NOISE:
+        why = f"the throughput difference is inside the +/-{noise_rel:.0%} noise"
+    else:
+        why = "throughput fell"
+    if analysis.top_limit == "compute" or tpot_x >= thr.ratio:
+        why += (f": every step got slower about as much as the batch grew (TPOT {tpot_x:.1f}x for {thr.ratio:.2f}x "
+                "throughput), so compute, not the cap, is the limit now")
+    return Conclusion(text + f"; {why}.", verdict)
+
+
+def goodput_conclusion(slos: dict[str, float], small: dict[str, Any], large: dict[str, Any],
+                       caps: tuple[int, int]) -> Conclusion:
+    """Goodput (requests/s within both SLOs) at the top load, small cap vs raised cap (``summarize`` dicts
+    made with ``slos``): the lesson expects the raised cap to serve more requests within the SLOs."""
+    g_small, g_large = small.get("request_goodput") or 0.0, large.get("request_goodput") or 0.0
+    text = f"Goodput under TTFT <= {slos['ttft']:,.0f} ms and TPOT <= {slos['tpot']:.1f} ms at {large['concurrency']} users: " \
+           f"{g_small:.2f} -> {g_large:.2f} requests/s ({small.get('good_requests') or 0} of {small['completed']} vs " \
+           f"{large.get('good_requests') or 0} of {large['completed']} requests within both)"
+    if g_small == 0 and g_large == 0:
+        def missed(s: dict[str, Any]) -> str:
+            parts = [f"median TTFT {s['median_ttft_ms']:,.0f} ms" if s["median_ttft_ms"] > slos["ttft"] else "",
+                     f"median TPOT {s['median_tpot_ms']:.1f} ms" if s["median_tpot_ms"] > slos["tpot"] else ""]
+            return " and ".join(p for p in parts if p) or "its slowest requests"
+        return Conclusion(text + f": no request met both SLOs with either cap (cap {caps[0]}: {missed(small)}; cap "
+                                 f"{caps[1]}: {missed(large)}), so this load is past what this machine serves within "
+                                 "them: nothing to compare.", WITHIN_NOISE)
+    v = compare_samples([g_small], [g_large], higher_is_better=True)
+    verdict = expected(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
+    if verdict == SHOWN:
+        return Conclusion(text + ": fewer requests stuck in the queue past the TTFT SLO.", SHOWN)
+    if verdict == WITHIN_NOISE:
+        return Conclusion(text + ": no measurable difference.", WITHIN_NOISE)
+    return Conclusion(text + f": the raised cap served fewer within the SLOs (its median TPOT "
+                             f"{large['median_tpot_ms']:.1f} ms vs SLO {slos['tpot']:.1f} ms): a bigger batch made "
+                             "each token slower than the SLO allows.", NOT_SHOWN)
+
+
+def client_lag_conclusion(top: int, lag_p99_ms: float, ttft_ms: float) -> Conclusion:
+    """Whether the load generator's own event-loop lag is small next to the TTFTs it measured."""
+    small = lag_p99_ms < 0.1 * ttft_ms
+    return Conclusion(f"The load generator's own loop lag at {top} users: p99 {lag_p99_ms:.1f} ms "
+                      f"({'small next to' if small else 'not negligible against'} the {ttft_ms:,.0f} ms median TTFT "
+                      "measured).", SHOWN if small else NOT_SHOWN)
+
+
+def saturation_caveat(profile: str, cores: int | None = None) -> Conclusion:
+    """CPU vs GPU: on a CPU the batch shares the same few cores, so the knee comes earlier than on a GPU."""
+    if profile != "cpu":
+        return Conclusion("GPU: a decode step reads the weights once for the whole batch, so throughput grows with "
+                          "concurrency until the scheduler cap, the KV cache or compute stops it.")
+    on = f"{cores} cores" if cores else "a few cores"
+    return Conclusion(f"CPU vs GPU: here every request in the batch, the server's scheduling and the load generator "
+                      f"share {on}; a bigger batch soon makes each step proportionally longer, so the knee comes at a "
+                      "much lower concurrency than on a GPU, where one step serves a batch of 32-128 for little more "
+                      "than the cost of one sequence. The cap story is the same; the numbers are not.")

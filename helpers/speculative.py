@@ -1,4 +1,5 @@
-"""Speculative decoding: build the ``--speculative-config`` of a method and measure one configuration.
+"""Speculative decoding: build the ``--speculative-config`` of a method, measure methods interleaved with
+the baseline, and conclude from the numbers whether it paid and why not.
 
 A draft proposes ``num_speculative_tokens`` tokens; the target model checks them all in one forward
 pass and keeps the longest agreeing prefix plus one token of its own. The server counts drafts, draft
@@ -9,9 +10,15 @@ chunk. Greedy outputs do not change: speculation is lossless, only faster or slo
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+import pandas as pd
+
 from helpers.bench_results import requests_frame, summarize
+from helpers.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
+from helpers.conclusions import INFO, NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, expected
+from helpers.engine import flag_value
 from helpers.evals import load_suite
 from helpers.loadgen import Load, Workload, run_load
 from helpers.server_metrics import scrape, window
@@ -42,7 +49,7 @@ def agent_workload(suite: str = "agent-v1", max_tokens: int = 64,
     """Real agent traffic: the eval suite's conversations, asked with the tools, answered as the model
     would (no forced length). What a draft has to guess depends on what is said, so acceptance is only
     meaningful on such traffic; on random-text prompts two models that both fall into repeating one
-    token "agree" (see ../shared/reference/cpu-lab.md)."""
+    token "agree"."""
     loaded = load_suite(suite)
     prompts = [t.messages for t in loaded.tasks if t.category in categories and t.tools]
     return Workload(output_len=max_tokens, exact_output=False, prompts=prompts, extra_body={"tools": loaded.tools})
@@ -67,3 +74,192 @@ def measure_speculation(lab: Any, name: str, concurrencies: list[int], workload:
                      "mean_acceptance_length": served["spec_decode_mean_acceptance_length"],
                      "failed": s["failed"]})
     return rows
+
+
+BASELINE = "no speculation"
+SPEC_FLAG = "--speculative-config"
+
+
+def run_methods(lab: Any, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
+                repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
+                ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C A B C
+    so a machine that gets busier hits every method alike. One row per method, concurrency and repeat;
+    ``eval_suite`` runs once per method in the first round. The engine is left without speculation."""
+    from helpers.evals import run_suite
+
+    evals: dict[str, Any] = {}
+    rounds = {name: 0 for name in methods}
+
+    def runner(name: str, config: str | None):
+        def run() -> list[dict[str, Any]]:
+            if flag_value(lab.engine.args(), SPEC_FLAG) != config:
+                lab.engine.set_flag(SPEC_FLAG, config)
+            if eval_suite and name not in evals:
+                evals[name] = run_suite(lab, eval_suite)
+            rows = measure_speculation(lab, name, concurrencies, workload, requests_per_stream)
+            rounds[name] += 1
+            return [dict(r, repeat=rounds[name]) for r in rows]
+        return run
+
+    try:
+        results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats)
+    finally:
+        if flag_value(lab.engine.args(), SPEC_FLAG) is not None:
+            lab.engine.set_flag(SPEC_FLAG, None)  # back to the baseline
+    return pd.DataFrame([row for rows in results.values() for run_rows in rows for row in run_rows]), evals
+
+
+def _mean(values: Any) -> float | None:
+    clean = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(clean) / len(clean) if clean else None
+
+
+def speedups(table: pd.DataFrame, baseline: str = BASELINE, k: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per method and concurrency: mean throughput, its ratio to the baseline judged against the
+    repeats' spread (``verdict``), acceptance, tokens per step and what one speculative step cost.
+
+    ``step_cost_x``: a speculative step's time in plain decode steps (TPOT x tokens per step / baseline
+    TPOT); ``draft_cost_x``: the part above one step spread over the k guesses (``k``: guesses per method),
+    about what one draft token (and its share of the wider verification) costs next to a target step."""
+    rows = []
+    for (config, c), group in table[table.config != baseline].groupby(["config", "concurrency"], sort=False):
+        base = table[(table.config == baseline) & (table.concurrency == c)]
+        verdict = compare_samples(base.output_tok_s.tolist(), group.output_tok_s.tolist(), higher_is_better=True)
+        base_tpot, tpot = _mean(base.mean_tpot_ms), _mean(group.mean_tpot_ms)
+        length = _mean(group.mean_acceptance_length) or 1.0
+        step_cost = tpot * length / base_tpot if base_tpot and tpot else None
+        guesses = (k or {}).get(config)
+        rows.append({"config": config, "concurrency": c, "output_tok_s": verdict.mean_b, "baseline_tok_s": verdict.mean_a,
+                     "speedup": verdict.ratio, "verdict": verdict.label, "noise_rel": verdict.noise_rel,
+                     "verdict_detail": verdict.describe(), "acceptance_rate": _mean(group.acceptance_rate),
+                     "mean_acceptance_length": length, "tokens_per_chunk": _mean(group.tokens_per_chunk),
+                     "baseline_tpot_ms": base_tpot, "mean_tpot_ms": tpot, "step_cost_x": step_cost,
+                     "draft_cost_x": None if step_cost is None or not guesses else (step_cost - 1) / guesses,
+                     "_verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a (no drafts proposed)" if value is None or value != value else f"{value:.1%}"
+
+
+def _why_not_faster(row: dict[str, Any]) -> str:
+    """What the numbers say about a speculative method that did not speed up."""
+    step, length, rate = row.get("step_cost_x"), row.get("mean_acceptance_length") or 1.0, row.get("acceptance_rate")
+    parts = []
+    if step is not None:
+        parts.append(f"one speculative step took {step:.1f}x a plain step's time and yielded {length:.2f} tokens")
+        if row.get("draft_cost_x") is not None:
+            parts.append(f"each guessed token cost about {row['draft_cost_x']:.2f} of a target step (draft plus "
+                         "wider verification)")
+    if rate is not None and rate == rate and rate < 0.5:
+        parts.append(f"only {rate:.0%} of the guesses were accepted")
+    return "; ".join(parts) if parts else "no step timing to explain it"
+
+
+def method_conclusion(row: dict[str, Any], expect: str | None = None, regressed: list[str] | None = None) -> Conclusion:
+    """The sentence for one method at one concurrency (a ``speedups`` row): speed vs baseline within noise,
+    acceptance, and why when it did not pay. ``expect``: BETTER (the lesson expects a speed-up), WORSE, or None."""
+    verdict: Verdict = row["_verdict"]
+    head = (f"{row['config']}, concurrency {row['concurrency']}: {row['output_tok_s']:.0f} vs "
+            f"{row['baseline_tok_s']:.0f} output tok/s = {verdict.describe()}; acceptance {_pct(row['acceptance_rate'])}, "
+            f"{row['mean_acceptance_length']:.2f} tokens per step, TPOT {row['baseline_tpot_ms']:.1f} -> "
+            f"{row['mean_tpot_ms']:.1f} ms")
+    if verdict.label == BETTER:
+        tail = f"faster: {row['mean_acceptance_length']:.2f} tokens per step outweighed the step's cost"
+        if row.get("step_cost_x") is not None:
+            tail += f" ({row['step_cost_x']:.1f}x a plain step)"
+    elif verdict.label == WORSE:
+        tail = "slower: " + _why_not_faster(row)
+    elif verdict.label == SAME:
+        tail = (f"no measurable difference: {verdict.ratio - 1:+.0%} is inside the run-to-run spread "
+                f"(+/-{verdict.noise_rel:.0%})")
+    else:
+        tail = "not measured"
+    quality = f"; eval regressed in {', '.join(regressed)}" if regressed else ""
+    return Conclusion(f"{head}. {tail}{quality}.", INFO if expect is None else expected(verdict, expect))
+
+
+def trend_conclusion(name: str, low: dict[str, Any], high: dict[str, Any]) -> Conclusion:
+    """Does the speed-up shrink from the lowest to the highest concurrency (``speedups`` rows)? On a GPU it
+    does: a bigger batch already uses the weights each step reads, leaving less for speculation to win."""
+    lo, hi = low["speedup"], high["speedup"]
+    noise = max(low["noise_rel"], high["noise_rel"])
+    where = f"{name}: {lo:.2f}x at concurrency {low['concurrency']} -> {hi:.2f}x at {high['concurrency']}"
+    if lo != lo or hi != hi:
+        return Conclusion(f"{where}: not measured at both concurrencies.", WITHIN_NOISE)
+    change = hi / lo - 1
+    if abs(change) <= noise:
+        return Conclusion(f"{where}: about the same (a {change:+.0%} change inside the +/-{noise:.0%} spread): "
+                          "no trend with concurrency measurable here.", WITHIN_NOISE)
+    if change < 0:
+        return Conclusion(f"{where}: the gain shrinks as concurrency grows, as expected: a bigger batch already "
+                          "makes use of each step, and every rejected guess still costs draft work.", SHOWN)
+    steps = [r.get("step_cost_x") for r in (low, high)]
+    reason = ("a speculative step cost {:.1f}x a plain step at concurrency {} but {:.1f}x at {}: the draft's "
+              "per-step overhead is shared by more sequences in a batch".format(steps[0], low["concurrency"], steps[1],
+                                                                                high["concurrency"])
+              if None not in steps and steps[1] < steps[0] else
+              "the step costs do not explain it; with a busy machine the runs at one concurrency may simply have "
+              "been slowed more than the other's")
+    return Conclusion(f"{where}: the ratio grew with concurrency, against the expectation that the gain shrinks: "
+                      f"{reason}.", NOT_SHOWN)
+
+
+def acceptance_conclusion(aligned: list[float | None], misaligned: list[float | None]) -> Conclusion:
+    """Aligned vs misaligned draft acceptance (fractions, one per run): the aligned draft should be accepted more."""
+    verdict = compare_samples(misaligned, aligned, higher_is_better=True)
+    a, m = _mean(aligned), _mean(misaligned)
+    text = f"Aligned draft acceptance {_pct(a)} vs misaligned {_pct(m)}"
+    if a is None or m is None:
+        return Conclusion(text + ": not comparable (a draft proposed nothing).", WITHIN_NOISE)
+    if verdict.label == BETTER or (m == 0 and a > 0):
+        return Conclusion(text + ": a draft trained on the same text guesses what the target will say.", SHOWN)
+    if verdict.label == SAME:
+        return Conclusion(text + ": no measurable difference between the drafts on this traffic.", WITHIN_NOISE)
+    return Conclusion(text + ": the untrained draft was accepted more, which only happens when both models "
+                             "repeat the same tokens; look at the answers.", NOT_SHOWN)
+
+
+def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float]) -> Conclusion:
+    """How many guesses (one row per k: output_tok_s, acceptance_rate, mean_acceptance_length): the accepted
+    share per guess should fall as k grows, so speed stops growing with k."""
+    k_rows = k_rows.sort_values("k")
+    per_k = []
+    for _, r in k_rows.iterrows():
+        v = compare_samples(baseline_tok_s, [r.output_tok_s], higher_is_better=True)
+        per_k.append(f"k={int(r.k)} {v.ratio:.2f}x (acceptance {_pct(r.acceptance_rate)})")
+    best = k_rows.loc[k_rows.output_tok_s.idxmax()]
+    best_v = compare_samples(baseline_tok_s, [best.output_tok_s], higher_is_better=True)
+    head = f"Number of guesses: {', '.join(per_k)}; best k={int(best.k)} ({best_v.label} than no speculation)"
+    first, last = k_rows.iloc[0], k_rows.iloc[-1]
+    if len(k_rows) < 2 or first.acceptance_rate is None or last.acceptance_rate is None \
+            or first.acceptance_rate != first.acceptance_rate or last.acceptance_rate != last.acceptance_rate:
+        return Conclusion(head + ".", WITHIN_NOISE)
+    drop = last.acceptance_rate - first.acceptance_rate
+    if abs(drop) < 0.05:
+        return Conclusion(head + f". Acceptance per guess stayed at about {first.acceptance_rate:.0%} from k={int(first.k)} "
+                                 f"to k={int(last.k)}: later guesses were as good as the first here.", WITHIN_NOISE)
+    if drop < 0:
+        return Conclusion(head + f". Acceptance per guess fell from {first.acceptance_rate:.0%} at k={int(first.k)} to "
+                                 f"{last.acceptance_rate:.0%} at k={int(last.k)}: each further guess is less likely to "
+                                 "be kept, while it costs a full draft step.", SHOWN)
+    return Conclusion(head + f". Acceptance per guess rose from {first.acceptance_rate:.0%} to {last.acceptance_rate:.0%} "
+                             "with more guesses: on this traffic the later guesses were easier (e.g. repeated tool-call "
+                             "syntax).", NOT_SHOWN)
+
+
+def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Conclusion:
+    """CPU vs GPU: why a CPU number says little about speculative decoding on a GPU (``draft_cost_x`` measured)."""
+    measured = (f" Here each guessed token cost about {draft_cost_x:.2f} of a target step." if draft_cost_x is not None
+                and draft_cost_x == draft_cost_x else "")
+    if profile == "cpu":
+        return Conclusion("CPU vs GPU: on a CPU a decode step is mostly fixed work (Python, scheduling, small matrix "
+                          "products on 2 cores), so a step of the tiny draft costs about as much as a step of the tiny "
+                          "target, and k guesses cost about k target steps: speculation rarely pays here." + measured +
+                          " On a GPU decode is memory-bound: verifying k tokens costs about one step (the weights are "
+                          "read once) and a draft about 10x smaller costs a fraction of one, so the same acceptance "
+                          "gives a real speed-up at low concurrency.")
+    return Conclusion("GPU: decode is memory-bound, so verifying k tokens costs about one step; the speed-up is "
+                      "largest at low concurrency and shrinks as the batch grows." + measured)

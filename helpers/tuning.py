@@ -3,18 +3,25 @@ and write the final configuration out as an engine command line or a Kubernetes 
 
 The rule (``decide``) is deliberately simple and printed with its reasons: a change is kept only when
 the eval shows no regression beyond noise, the latency SLO still holds, and it either makes the chosen
-throughput better by at least ``min_gain`` or keeps it (within ``min_gain``) while adding KV capacity.
+throughput better by more than the noise or keeps it (within the noise) while adding KV capacity.
+
+The thresholds come from this machine (``relative_rule``): the latency SLO is a multiple of the baseline's
+own p90 TTFT, and the noise margin is the larger of ``min_gain`` and the spread of the baseline's repeated
+runs, so a slow machine does not roll back every change and a noisy one does not keep noise.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
+from helpers.comparison import BETTER, SAME, WORSE, compare_samples, relative_spread
+from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.engine import EngineConfig
+from helpers.settings import GPU_MODEL, Settings, models_dir
 
 
 @dataclass(frozen=True)
@@ -24,13 +31,50 @@ class Rule:
     speed: str  # e.g. "c16_output_tok_s"
     latency: str | None = None  # e.g. "c16_p90_ttft_ms"
     max_latency_ms: float | None = None
-    min_gain: float = 0.03  # relative
+    min_gain: float = 0.03  # relative: the noise margin a change must beat
+    slo_x: float | None = None  # max_latency_ms = slo_x times the baseline's latency (relative_rule)
+    baseline_spread: float | None = None  # the baseline's run-to-run spread (relative), when repeated
+
+    def describe(self) -> str:
+        """The rule in one sentence, with this machine's thresholds."""
+        margin = f"more than {self.min_gain:.0%}"
+        if self.baseline_spread is not None:
+            margin += f" (the larger of the chosen margin and the baseline's run-to-run spread {self.baseline_spread:.0%})"
+        text = f"keep a change if {self.speed} improves by {margin}, or holds within it while adding KV capacity"
+        if self.latency and self.max_latency_ms is not None:
+            slo = f"{self.max_latency_ms:,.0f} ms"
+            if self.slo_x is not None:
+                slo += f" ({self.slo_x:g}x the baseline's)"
+            text += f"; {self.latency} must stay <= {slo}"
+        return text + "; and the eval must not regress."
+
+
+def relative_rule(baseline: dict[str, Any], speed: str, latency: str | None = None, min_gain: float = 0.03,
+                  slo_x: float = 1.5) -> Rule:
+    """A rule with this machine's thresholds: latency SLO = ``slo_x`` times the baseline row's ``latency``;
+    noise margin = the larger of ``min_gain`` and the spread of the baseline's repeated ``speed`` runs."""
+    runs = _runs(baseline, speed)
+    spread = relative_spread(runs) if len(runs) >= 2 else None
+    base_latency = baseline.get(latency) if latency else None
+    return Rule(speed=speed, latency=latency, max_latency_ms=None if base_latency is None else slo_x * base_latency,
+                min_gain=max(min_gain, spread or 0.0), slo_x=slo_x if base_latency is not None else None,
+                baseline_spread=spread)
+
+
+def _runs(row: dict[str, Any], column: str) -> list[float]:
+    """The repeated values of a column (``<column>_runs``), else its single value."""
+    runs = row.get(f"{column}_runs")
+    if isinstance(runs, (list, tuple)) and runs:
+        return [float(v) for v in runs if v is not None]
+    value = row.get(column)
+    return [] if value is None or value != value else [float(value)]
 
 
 @dataclass(frozen=True)
 class Decision:
     keep: bool
     reasons: tuple[str, ...]
+    speed_label: str = ""  # better, worse or no measurable difference (the speed alone, against the noise)
 
 
 def decide(current: dict[str, Any], candidate: dict[str, Any], rule: Rule, regressed: list[str] | None = None) -> Decision:
@@ -46,20 +90,45 @@ def decide(current: dict[str, Any], candidate: dict[str, Any], rule: Rule, regre
             ok = False
             reasons.append(f"{rule.latency} {value if value is None else round(value, 1)} ms breaks the "
                            f"{rule.max_latency_ms:g} ms SLO")
-    before, after = current.get(rule.speed), candidate.get(rule.speed)
-    if before is None or after is None:
+    before, after = _runs(current, rule.speed), _runs(candidate, rule.speed)
+    if not before or not after:
         return Decision(False, tuple(reasons + [f"no {rule.speed} to compare"]))
-    gain = after / before - 1
+    verdict = compare_samples(before, after, higher_is_better=True, single_run_noise_rel=rule.min_gain)
+    noise = max(verdict.noise_rel, rule.min_gain)
+    gain = verdict.ratio - 1
+    label = BETTER if gain > noise else WORSE if gain < -noise else SAME
     kv_more = (candidate.get("kv_capacity_tokens") or 0) > (current.get("kv_capacity_tokens") or 0)
-    if gain >= rule.min_gain:
-        reasons.append(f"{rule.speed} {gain:+.1%}")
-    elif kv_more and gain > -rule.min_gain:
-        reasons.append(f"{rule.speed} {gain:+.1%} (within noise) with more KV capacity "
+    if label == BETTER:
+        reasons.append(f"{rule.speed} {gain:+.1%} (beyond the noise, +/-{noise:.0%})")
+    elif kv_more and label == SAME:
+        reasons.append(f"{rule.speed} {gain:+.1%}: no measurable difference (+/-{noise:.0%}) with more KV capacity "
                        f"({current.get('kv_capacity_tokens'):,} -> {candidate.get('kv_capacity_tokens'):,} tokens)")
+    elif label == SAME:
+        ok = False
+        reasons.append(f"{rule.speed} {gain:+.1%}: no measurable difference (noise +/-{noise:.0%})")
     else:
         ok = False
-        reasons.append(f"{rule.speed} {gain:+.1%}: not better by {rule.min_gain:.0%}")
-    return Decision(ok, tuple(reasons))
+        reasons.append(f"{rule.speed} {gain:+.1%}: worse beyond the noise (+/-{noise:.0%})")
+    return Decision(ok, tuple(reasons), label)
+
+
+def measure_repeated(lab: Any, name: str, concurrencies: list[int], input_len: int, output_len: int,
+                     num_requests: int, eval_suite: str | None = "smoke", repeats: int = 2) -> tuple[dict[str, Any], Any]:
+    """One scorecard row (helpers.scorecard.measure_config) whose speed columns are the mean of ``repeats``
+    back-to-back load runs on the running engine, each kept in ``<column>_runs``; the eval runs once.
+    Returns the row and the eval run."""
+    from helpers.evals import run_suite
+    from helpers.scorecard import measure_config
+
+    run = run_suite(lab, eval_suite) if eval_suite else None
+    rows = [measure_config(lab, name, concurrencies, input_len, output_len, num_requests, suite=None,
+                           evals_run=run if i == 0 else None) for i in range(max(1, repeats))]
+    row = dict(rows[0])
+    for column in [k for k in row if k.startswith("c") and k.endswith(("_tok_s", "_ms"))]:
+        values = [r.get(column) for r in rows if r.get(column) is not None]
+        row[f"{column}_runs"] = values
+        row[column] = sum(values) / len(values) if values else None
+    return row, run
 
 
 @dataclass
@@ -79,18 +148,72 @@ class TuningLog:
         return pd.DataFrame(self.steps)
 
 
-def command_line(config: EngineConfig) -> str:
-    """``vllm serve`` with the configuration's model, served name, flags and environment, shell-quoted."""
+def tuning_conclusions(scorecard: Any, rule: Rule) -> list[Conclusion]:
+    """What the tuning session found (a ``TuningLog.frame()``): the baseline, each change kept or rolled back
+    with its reason, and the final configuration against the baseline, judged against the noise margin."""
+    first = scorecard.iloc[0].to_dict()
+    steps = scorecard.iloc[1:]
+    spread = f", run-to-run spread {rule.baseline_spread:.0%}" if rule.baseline_spread is not None else ""
+    out = [Conclusion(f"Baseline: {first[rule.speed]:.0f} output tok/s at the top concurrency{spread}, "
+                      f"{rule.latency} {first.get(rule.latency) or float('nan'):,.0f} ms, KV capacity "
+                      f"{first.get('kv_capacity_tokens') or 0:,} tokens, eval {first.get('all_pass_rate', float('nan')):.0%}.")]
+    for _, r in steps.iterrows():
+        out.append(Conclusion(f"{r['change']}: {'kept' if r['kept'] == True else 'rolled back'} ({r['why']})."))
+    kept = steps[steps.kept == True]  # noqa: E712
+    if not len(kept):
+        return out + [Conclusion(f"Final: the baseline stays: none of the {len(steps)} changes beat it by more than the "
+                                 f"noise margin (+/-{rule.min_gain:.0%}) within the rules.", WITHIN_NOISE)]
+    last = kept.iloc[-1].to_dict()
+    before, after = _runs(first, rule.speed), _runs(last, rule.speed)
+    v = compare_samples(before, after, higher_is_better=True, single_run_noise_rel=rule.min_gain)
+    noise = max(v.noise_rel, rule.min_gain)
+    gain = v.ratio - 1
+    head = (f"Final: {last[rule.speed]:.0f} tok/s ({gain:+.1%} vs baseline), {rule.latency} "
+            f"{last.get(rule.latency) or float('nan'):,.0f} ms, KV {last.get('kv_capacity_tokens') or 0:,} tokens, eval "
+            f"{last.get('all_pass_rate', float('nan')):.0%}; {len(kept)} of {len(steps)} changes kept")
+    if gain > noise:
+        return out + [Conclusion(head + f": faster than the baseline beyond the noise (+/-{noise:.0%}).", SHOWN)]
+    if gain < -noise:
+        return out + [Conclusion(head + f": slower than the baseline beyond the noise (+/-{noise:.0%}): each step was "
+                                        "kept against the configuration before it, and small losses added up or the "
+                                        "machine slowed down; re-measure the baseline.", NOT_SHOWN)]
+    return out + [Conclusion(head + f": no measurable speed difference from the baseline (+/-{noise:.0%}); what was "
+                                    "kept bought KV capacity or held speed.", WITHIN_NOISE)]
+
+
+def cluster_model(settings: Settings) -> str:
+    """The model name a cluster serves: the served name on the gpu and k8s profiles; on the CPU profile,
+    whose tiny models only exist on this machine, the k8s profile's default MODEL_NAME."""
+    return settings.model if settings.profile != "cpu" else GPU_MODEL
+
+
+def _deployable_model(config: EngineConfig, model: str | None) -> str:
+    """``model`` when given; else the configuration's model unless it is a local path (then its served name)."""
+    if model:
+        return model
+    local = config.model.startswith(("/", "./", "../")) or config.model.startswith(str(models_dir()))
+    return config.served_name if local else config.model
+
+
+def command_line(config: EngineConfig, model: str | None = None) -> str:
+    """``vllm serve`` with the model (``model``, else the configuration's unless it is a local path), served
+    name, flags and environment, shell-quoted."""
+    name = _deployable_model(config, model)
+    served = config.served_name if model is None else model
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in config.env)
-    cmd = shlex.join(["vllm", "serve", config.model, "--served-model-name", config.served_name, *config.args])
+    cmd = shlex.join(["vllm", "serve", name, "--served-model-name", served, *config.args])
     return f"{env} {cmd}" if env else cmd
 
 
-def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: str = "vllm") -> str:
-    """A strategic-merge patch (YAML) that sets the vLLM container's args to ``config``: add it to an
-    overlay's ``patches:`` in k8s/ so the next provisioning starts on the tuned flags."""
+def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: str = "vllm",
+                   model: str | None = None) -> str:
+    """A strategic-merge patch (YAML) that sets the vLLM container's args to ``config`` with the cluster's
+    ``model`` (else the configuration's unless it is a local path): add it to an overlay's ``patches:`` in
+    k8s/ so the next provisioning starts on the tuned flags."""
     from helpers.k8s_engine import container_args
 
+    name = _deployable_model(config, model)
+    config = replace(config, model=name, served_name=config.served_name if model is None else model)
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
              "spec": {"template": {"spec": {"containers": [{"name": container, "args": container_args(config)}]}}}}
     return yaml.safe_dump(patch, sort_keys=False)

@@ -128,3 +128,78 @@ def test_cohorts_finishing_together_still_read_as_the_scheduler_cap():
     running = np.r_[np.full(10, 8), np.tile([0, 3], 5)]
     verdict = classify_limit(gauges(running, 56, 0.01), max_num_seqs=8)
     assert verdict.limit == "scheduler" and verdict.evidence["running_at_cap_share"] == 0.5
+
+
+# ---------------------------------------------------------------- conclusions from the numbers
+
+from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.saturation import (cap_conclusion, client_lag_conclusion, control_conclusion,  # noqa: E402
+                                goodput_conclusion, lift_conclusion, relative_slos, saturation_caveat,
+                                slo_rule, steadiness_conclusion)
+
+
+def top_run(thr, ttft, tpot, goodput=0.0, good=0, completed=64, c=32):
+    return {"concurrency": c, "output_throughput": thr, "median_ttft_ms": ttft, "median_tpot_ms": tpot,
+            "request_goodput": goodput, "good_requests": good, "completed": completed}
+
+
+def test_the_control_point_notices_a_noisy_machine():
+    steady, noise = control_conclusion(70.0, 72.0)
+    assert steady.verdict == SHOWN and "steady" in steady.text and noise == pytest.approx(0.10)
+    noisy, noise = control_conclusion(12.6, 71.4)  # the busy-machine run: the cap is irrelevant at 1 user
+    assert noisy.verdict == NOT_SHOWN and "noisy" in noisy.text and noise > 4
+
+
+def test_a_tpot_that_falls_with_load_reads_as_a_machine_that_got_quieter():
+    busy = [{"concurrency": c, "median_tpot_ms": t} for c, t in [(1, 66), (8, 65), (16, 22), (32, 23)]]
+    c = steadiness_conclusion(busy, "cap 8")
+    assert c.verdict == NOT_SHOWN and "fell from 66.0 ms at concurrency 1 to 22.0 ms at 16" in c.text
+    assert steadiness_conclusion([{"concurrency": c, "median_tpot_ms": t} for c, t in [(1, 5), (8, 9), (32, 30)]],
+                                 "cap 8") is None
+
+
+def test_the_small_cap_reads_as_the_scheduler_limit_or_says_it_did_not():
+    runs, frames = scheduler_sweep()
+    shown = cap_conclusion(8, analyze_sweep(runs, frames, max_num_seqs=8), top_run(740, 1200, 18))
+    assert shown.verdict == SHOWN and "limit 'scheduler'" in shown.text and "at most 8 ran and 24 waited" in shown.text
+    compute = analyze_sweep(runs, [gauges(c, 0, 0.01 * c) for c in CONCURRENCY], max_num_seqs=64)
+    missed = cap_conclusion(64, compute, top_run(740, 1200, 18))
+    assert missed.verdict == NOT_SHOWN and "not the cap" in missed.text
+
+
+def test_lifting_the_cap_is_judged_against_the_control_noise():
+    runs, frames = scheduler_sweep()
+    large = analyze_sweep(runs, [gauges(c, 0, 0.01 * c) for c in CONCURRENCY], max_num_seqs=64)
+    small = top_run(700, 21000, 20)
+    gained = lift_conclusion(64, large, small, top_run(1036, 2700, 40), noise_rel=0.10)
+    assert gained.verdict == SHOWN and "1.48x" in gained.text
+    # the same 1.48x on a machine whose control disagreed by 60% is within noise
+    noisy = lift_conclusion(64, large, small, top_run(1036, 2700, 40), noise_rel=0.60)
+    assert noisy.verdict == WITHIN_NOISE and "inside the +/-60% noise" in noisy.text
+    lost = lift_conclusion(64, large, small, top_run(500, 2700, 90), noise_rel=0.10)
+    assert lost.verdict == NOT_SHOWN and "throughput fell" in lost.text and "compute, not the cap" in lost.text
+
+
+def test_goodput_slos_come_from_the_concurrency_1_run():
+    slos = relative_slos({"median_ttft_ms": 40.0, "median_tpot_ms": 5.0}, ttft_x=10, tpot_x=4)
+    assert slos == {"ttft": 400.0, "tpot": 20.0}
+    assert "10x the median at concurrency 1 = 400 ms" in slo_rule(slos, 10, 4)
+    with pytest.raises(ValueError, match="concurrency 1"):
+        relative_slos({"median_ttft_ms": None, "median_tpot_ms": 5.0}, 10, 4)
+
+
+def test_goodput_sentence_flips_with_the_numbers():
+    slos = {"ttft": 400.0, "tpot": 20.0}
+    more = goodput_conclusion(slos, top_run(700, 21000, 10, 0.2, 8), top_run(1000, 300, 15, 1.5, 60), (8, 64))
+    assert more.verdict == SHOWN and "0.20 -> 1.50 requests/s" in more.text
+    fewer = goodput_conclusion(slos, top_run(700, 300, 10, 1.5, 60), top_run(1000, 300, 45, 0.2, 8), (8, 64))
+    assert fewer.verdict == NOT_SHOWN and "served fewer" in fewer.text
+    none = goodput_conclusion(slos, top_run(700, 21000, 10), top_run(1000, 2700, 45), (8, 64))
+    assert none.verdict == WITHIN_NOISE and "no request met both SLOs" in none.text
+    assert "cap 8: median TTFT 21,000 ms" in none.text and "cap 64: median TTFT 2,700 ms and median TPOT 45.0 ms" in none.text
+
+
+def test_client_lag_and_caveat():
+    assert client_lag_conclusion(32, 2.0, 500).verdict == SHOWN
+    assert "not negligible" in client_lag_conclusion(32, 80.0, 500).text
+    assert saturation_caveat("cpu", 2).text.startswith("CPU vs GPU:") and "2 cores" in saturation_caveat("cpu", 2).text

@@ -23,3 +23,85 @@ def test_a_shipped_draft_resolves_to_its_directory_and_a_hub_id_stays():
 def test_bad_configs_say_what_to_change(args, message):
     with pytest.raises(ValueError, match=message):
         spec_config(*args)
+
+
+# ---------------------------------------------------------------- conclusions from the numbers
+
+import pandas as pd  # noqa: E402
+
+from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.speculative import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion,  # noqa: E402
+                                 speculation_caveat, speedups, trend_conclusion)
+
+ALIGNED = "draft k=3"
+
+
+def runs(base_tok_s, spec_tok_s, concurrency=1, base_tpot=10.0, spec_tpot=10.0, acceptance=0.6, length=2.8):
+    """A run table: one row per repeat of the baseline and of one speculative method at one concurrency."""
+    rows = [{"config": BASELINE, "concurrency": concurrency, "output_tok_s": v, "mean_tpot_ms": base_tpot,
+             "acceptance_rate": None, "mean_acceptance_length": None, "tokens_per_chunk": 1.0} for v in base_tok_s]
+    rows += [{"config": ALIGNED, "concurrency": concurrency, "output_tok_s": v, "mean_tpot_ms": spec_tpot,
+              "acceptance_rate": acceptance, "mean_acceptance_length": length, "tokens_per_chunk": length}
+             for v in spec_tok_s]
+    return pd.DataFrame(rows)
+
+
+def test_a_speedup_beyond_the_spread_is_shown():
+    row = speedups(runs([100, 102], [150, 148], spec_tpot=6.7), k={ALIGNED: 3}).iloc[0].to_dict()
+    assert row["verdict"] == "better" and row["step_cost_x"] == pytest.approx(6.7 * 2.8 / 10)
+    c = method_conclusion(row, expect="better")
+    assert c.verdict == SHOWN and "faster" in c.text and "1.48x" in c.text
+
+
+def test_a_slowdown_says_why_from_the_step_cost_and_acceptance():
+    row = speedups(runs([100, 102], [40, 42], spec_tpot=25.0, acceptance=0.2, length=1.6),
+                   k={ALIGNED: 3}).iloc[0].to_dict()
+    c = method_conclusion(row, expect="better")
+    assert c.verdict == NOT_SHOWN and "slower" in c.text
+    assert "one speculative step took 4.0x a plain step" in c.text and "only 20% of the guesses" in c.text
+    assert "each guessed token cost about 1.00 of a target step" in c.text
+
+
+def test_a_difference_inside_the_spread_is_no_measurable_difference():
+    row = speedups(runs([100, 120], [112, 104])).iloc[0].to_dict()
+    c = method_conclusion(row, expect="better")
+    assert c.verdict == WITHIN_NOISE and "no measurable difference" in c.text
+    assert "faster" not in c.text and "slower" not in c.text
+
+
+def _row(c, speedup, noise=0.05, step=None):
+    return {"concurrency": c, "speedup": speedup, "noise_rel": noise, "step_cost_x": step}
+
+
+def test_the_trend_sentence_follows_the_numbers():
+    shrinks = trend_conclusion("aligned", _row(1, 1.3), _row(8, 0.9))
+    assert shrinks.verdict == SHOWN and "shrinks" in shrinks.text
+    # the busy-machine run: 0.17x -> 0.59x must not read as "shrinks"
+    grows = trend_conclusion("aligned", _row(1, 0.17, step=5.0), _row(8, 0.59, step=2.0))
+    assert grows.verdict == NOT_SHOWN and "shrinks as concurrency grows" not in grows.text
+    assert "grew" in grows.text and "5.0x a plain step at concurrency 1 but 2.0x at 8" in grows.text
+    flat = trend_conclusion("aligned", _row(1, 1.0, noise=0.1), _row(8, 1.05, noise=0.1))
+    assert flat.verdict == WITHIN_NOISE and "about the same" in flat.text
+
+
+def test_acceptance_aligned_above_misaligned_or_not():
+    assert acceptance_conclusion([0.6, 0.62], [0.05, 0.04]).verdict == SHOWN
+    flipped = acceptance_conclusion([0.05, 0.04], [0.6, 0.62])
+    assert flipped.verdict == NOT_SHOWN and "untrained draft was accepted more" in flipped.text
+    assert "Aligned draft acceptance 4.5% vs misaligned 61.0%" in flipped.text
+    assert acceptance_conclusion([0.5, 0.52], [0.51, 0.5]).verdict == WITHIN_NOISE
+
+
+def test_more_guesses_pay_only_while_accepted():
+    falling = pd.DataFrame({"k": [1, 3, 5], "output_tok_s": [110, 120, 100], "acceptance_rate": [0.8, 0.6, 0.4],
+                            "mean_acceptance_length": [1.8, 2.8, 3.0]})
+    c = k_conclusion(falling, [100, 100])
+    assert c.verdict == SHOWN and "best k=3" in c.text and "fell from 80% at k=1 to 40% at k=5" in c.text
+    rising = falling.assign(acceptance_rate=[0.4, 0.6, 0.8])
+    assert k_conclusion(rising, [100, 100]).verdict == NOT_SHOWN
+
+
+def test_the_cpu_caveat_is_labelled_and_carries_the_measured_draft_cost():
+    text = speculation_caveat("cpu", draft_cost_x=0.9).text
+    assert text.startswith("CPU vs GPU:") and "about 0.90 of a target step" in text
+    assert speculation_caveat("gpu").text.startswith("GPU:")

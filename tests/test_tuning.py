@@ -5,7 +5,9 @@ import shlex
 import yaml
 
 from helpers.engine import EngineConfig
-from helpers.tuning import Rule, TuningLog, command_line, decide, manifest_patch
+import pytest
+
+from helpers.tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
 
 RULE = Rule(speed="c16_output_tok_s", latency="c16_p90_ttft_ms", max_latency_ms=1000, min_gain=0.03)
 BASE = {"c16_output_tok_s": 1000.0, "c16_p90_ttft_ms": 400.0, "kv_capacity_tokens": 1000}
@@ -46,3 +48,66 @@ def test_final_configuration_as_command_line_and_manifest_patch():
     container = patch["spec"]["template"]["spec"]["containers"][0]
     assert patch["kind"] == "Deployment" and container["name"] == "vllm"
     assert container["args"][:2] == ["--model", "Qwen/Qwen3-4B"] and container["args"][-1] == "fp8"
+
+
+# ---------------------------------------------------------------- thresholds from this machine, conclusions
+
+import pandas as pd  # noqa: E402
+
+from helpers.conclusions import SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.settings import load_settings, models_dir  # noqa: E402
+from helpers.tuning import cluster_model, relative_rule, tuning_conclusions  # noqa: E402
+
+
+def test_the_slo_and_the_margin_come_from_the_baseline():
+    # a slow machine: the baseline's own p90 TTFT (2,226 ms) is past a fixed 2,000 ms SLO
+    slow = {"c16_output_tok_s": 185.0, "c16_output_tok_s_runs": [180.0, 190.0], "c16_p90_ttft_ms": 2226.0,
+            "kv_capacity_tokens": 1000}
+    rule = relative_rule(slow, "c16_output_tok_s", "c16_p90_ttft_ms", min_gain=0.03, slo_x=1.5)
+    assert rule.max_latency_ms == pytest.approx(3339.0) and rule.min_gain == pytest.approx(10 / 185)
+    assert "1.5x the baseline's" in rule.describe() and "3,339 ms" in rule.describe()
+    gained = {**slow, "c16_output_tok_s": 200.0, "c16_output_tok_s_runs": [199.0, 201.0], "c16_p90_ttft_ms": 2300.0}
+    assert decide(slow, gained, rule).keep  # +8%: kept, where a fixed 2,000 ms SLO rolled back everything
+    quiet = relative_rule({**slow, "c16_output_tok_s_runs": [185.0, 185.5]}, "c16_output_tok_s", "c16_p90_ttft_ms")
+    assert quiet.min_gain == 0.03
+
+
+def test_a_gain_inside_the_repeats_spread_is_no_measurable_difference():
+    base = {**BASE, "c16_output_tok_s_runs": [900.0, 1100.0]}
+    d = decide(base, {**BASE, "c16_output_tok_s": 1080.0, "c16_output_tok_s_runs": [1000.0, 1160.0]}, RULE)
+    assert not d.keep and d.speed_label == "no measurable difference" and "no measurable difference" in d.reasons[0]
+    worse = decide(BASE, {**BASE, "c16_output_tok_s": 800.0}, RULE)
+    assert not worse.keep and worse.speed_label == "worse"
+
+
+def _scorecard(final_tok_s, kept=True):
+    log = TuningLog()
+    log.record("baseline", {**BASE, "all_pass_rate": 1.0}, None)
+    row = {**BASE, "c16_output_tok_s": final_tok_s, "all_pass_rate": 1.0}
+    log.record("--max-num-seqs (default) -> 32", row, Decision(kept, ("c16_output_tok_s +x",)))
+    return log.frame()
+
+
+def test_the_final_sentence_follows_the_numbers():
+    faster = tuning_conclusions(_scorecard(1200.0), RULE)
+    assert faster[1].text.startswith("--max-num-seqs (default) -> 32: kept (")
+    assert faster[-1].verdict == SHOWN and "+20.0% vs baseline" in faster[-1].text
+    none_kept = tuning_conclusions(_scorecard(1200.0, kept=False), RULE)
+    assert "rolled back (" in none_kept[1].text
+    assert none_kept[-1].verdict == WITHIN_NOISE and "the baseline stays" in none_kept[-1].text
+    same = tuning_conclusions(_scorecard(1010.0), RULE)
+    assert same[-1].verdict == WITHIN_NOISE and "no measurable speed difference" in same[-1].text
+
+
+def test_the_deployed_configuration_names_the_clusters_model_not_a_local_path():
+    local = EngineConfig(model=str(models_dir() / "tiny-agent"), served_name="tiny-agent", args=("--max-num-seqs", "32"))
+    cpu = load_settings({"WORKSHOP_PROFILE": "cpu"})
+    assert cluster_model(cpu) == "Qwen/Qwen3-4B"
+    assert cluster_model(load_settings({"WORKSHOP_PROFILE": "gpu", "MODEL_NAME": "Qwen/Qwen3-8B"})) == "Qwen/Qwen3-8B"
+    line = command_line(local, model=cluster_model(cpu))
+    assert str(models_dir()) not in line and shlex.split(line)[2:5] == ["Qwen/Qwen3-4B", "--served-model-name",
+                                                                       "Qwen/Qwen3-4B"]
+    args = yaml.safe_load(manifest_patch(local, model="Qwen/Qwen3-4B"))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--model", "Qwen/Qwen3-4B", "--served-model-name", "Qwen/Qwen3-4B"]
+    # without a model given, a local path still never reaches the output: the served name stands in
+    assert str(models_dir()) not in manifest_patch(local) and "tiny-agent" in command_line(local)
