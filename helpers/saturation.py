@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
-from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, expected
+from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, Verdict, compare_samples
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 
 KV_FULL = 0.90  # KV usage (fraction) counted as full
 WAITING_SHARE = 0.20  # share of samples with requests waiting that counts as "requests wait"
@@ -187,6 +187,13 @@ def analyze_results(results: Sequence[Any], max_num_seqs: int | None = None, **k
 
 # ---------------------------------------------------------------- conclusions (notebook 07)
 
+def _expected(verdict: Verdict, expect: str = BETTER) -> str:
+    """The lesson verdict of a comparison whose expected label is ``expect`` (``better`` or ``worse``)."""
+    if verdict.label not in (BETTER, WORSE):
+        return WITHIN_NOISE
+    return SHOWN if verdict.label == expect else NOT_SHOWN
+
+
 TPOT_FALL = 0.25  # median TPOT lower by this share at a higher load: the machine got faster during the sweep
 
 
@@ -272,7 +279,7 @@ def lift_conclusion(cap: int, analysis: SweepAnalysis, small: dict[str, Any], la
             f"{small['output_throughput']:.0f} -> {large['output_throughput']:.0f} output tokens/s "
             f"({thr.ratio:.2f}x, {thr.label} at +/-{noise_rel:.0%}), median TPOT {small['median_tpot_ms']:.1f} -> "
             f"{large['median_tpot_ms']:.1f} ms")
-    verdict = expected(thr, BETTER)
+    verdict = _expected(thr, BETTER)
     if verdict == SHOWN:
         return Conclusion(text + ": admitting more requests per step bought throughput, paid for in TPOT.", SHOWN)
     tpot_x = (large["median_tpot_ms"] / small["median_tpot_ms"]) if small.get("median_tpot_ms") else float("nan")
@@ -303,7 +310,7 @@ def goodput_conclusion(slos: dict[str, float], small: dict[str, Any], large: dic
                                  f"{caps[1]}: {missed(large)}), so this load is past what this machine serves within "
                                  "them: nothing to compare.", WITHIN_NOISE)
     v = compare_samples([g_small], [g_large], higher_is_better=True)
-    verdict = expected(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
+    verdict = _expected(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
     if verdict == SHOWN:
         return Conclusion(text + ": fewer requests stuck in the queue past the TTFT SLO.", SHOWN)
     if verdict == WITHIN_NOISE:
@@ -331,3 +338,43 @@ def saturation_caveat(profile: str, cores: int | None = None) -> Conclusion:
                       f"share {on}; a bigger batch soon makes each step proportionally longer, so the knee comes at a "
                       "much lower concurrency than on a GPU, where one step serves a batch of 32-128 for little more "
                       "than the cost of one sequence. The cap story is the same; the numbers are not.")
+
+
+def run_cap_sweep(lab: Any, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
+                  min_requests: int = 8, sample_interval_s: float = 0.25) -> tuple[list[Any], SweepAnalysis]:
+    """Restart on ``--max-num-seqs cap``, run one closed-loop load per concurrency with the server's gauges
+    sampled, and analyze the sweep. Returns the load results and the analysis."""
+    from helpers.loadgen import Load, run_sweep
+
+    lab.engine.set_flag("--max-num-seqs", cap)
+    results = []
+    for c in concurrencies:
+        load = Load(num_requests=max(min_requests, requests_per_user * c), warmup_requests=min(c, 4))
+        results += run_sweep(lab.settings, workload, concurrencies=[c], load=load, metrics=True,
+                             sample_interval_s=sample_interval_s)
+    return results, analyze_results(results, max_num_seqs=cap)
+
+
+def saturation_conclusions(small_results: Sequence[Any], large_results: Sequence[Any], small: SweepAnalysis,
+                           large: SweepAnalysis, caps: tuple[int, int], slos: dict[str, float],
+                           profile: str = "cpu", cores: int | None = None) -> list[Conclusion]:
+    """Notebook 07's "what we learned", from the two sweeps' load results (lowest concurrency first) and their
+    analyses: the control point, each sweep's steadiness, the small cap's limit, the raised cap against
+    the control's noise, goodput under ``slos``, the client's own lag, and the CPU vs GPU caveat."""
+    from helpers.bench_results import summarize
+
+    s_runs = [summarize(r, slos=slos) for r in small_results]
+    l_runs = [summarize(r, slos=slos) for r in large_results]
+    control, noise = control_conclusion(s_runs[0]["output_throughput"], l_runs[0]["output_throughput"],
+                                        s_runs[0]["concurrency"])
+    out = [control]
+    out += [c for c in (steadiness_conclusion(s_runs, f"cap {caps[0]}"), steadiness_conclusion(l_runs, f"cap {caps[1]}"))
+            if c is not None]
+    out.append(cap_conclusion(caps[0], small, s_runs[-1]))
+    out.append(lift_conclusion(caps[1], large, s_runs[-1], l_runs[-1], noise))
+    out.append(goodput_conclusion(slos, s_runs[-1], l_runs[-1], caps))
+    top = s_runs[-1]["concurrency"]
+    lag = max((s.get("client_loop_lag_p99_ms") or 0.0) for s in (s_runs[-1], l_runs[-1]))
+    out.append(client_lag_conclusion(top, lag, min(s_runs[-1]["median_ttft_ms"], l_runs[-1]["median_ttft_ms"])))
+    out.append(saturation_caveat(profile, cores))
+    return out

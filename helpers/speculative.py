@@ -17,7 +17,7 @@ import pandas as pd
 
 from helpers.bench_results import requests_frame, summarize
 from helpers.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
-from helpers.conclusions import INFO, NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, expected
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.engine import flag_value
 from helpers.evals import load_suite
 from helpers.loadgen import Load, Workload, run_load
@@ -74,6 +74,13 @@ def measure_speculation(lab: Any, name: str, concurrencies: list[int], workload:
                      "mean_acceptance_length": served["spec_decode_mean_acceptance_length"],
                      "failed": s["failed"]})
     return rows
+
+
+def _expected(verdict: Verdict, expect: str = BETTER) -> str:
+    """The lesson verdict of a comparison whose expected label is ``expect`` (``better`` or ``worse``)."""
+    if verdict.label not in (BETTER, WORSE):
+        return WITHIN_NOISE
+    return SHOWN if verdict.label == expect else NOT_SHOWN
 
 
 BASELINE = "no speculation"
@@ -178,7 +185,7 @@ def method_conclusion(row: dict[str, Any], expect: str | None = None, regressed:
     else:
         tail = "not measured"
     quality = f"; eval regressed in {', '.join(regressed)}" if regressed else ""
-    return Conclusion(f"{head}. {tail}{quality}.", INFO if expect is None else expected(verdict, expect))
+    return Conclusion(f"{head}. {tail}{quality}.", "" if expect is None else _expected(verdict, expect))
 
 
 def trend_conclusion(name: str, low: dict[str, Any], high: dict[str, Any]) -> Conclusion:
@@ -203,8 +210,8 @@ def trend_conclusion(name: str, low: dict[str, Any], high: dict[str, Any]) -> Co
               if None not in steps and steps[1] < steps[0] else
               "the step costs do not explain it; with a busy machine the runs at one concurrency may simply have "
               "been slowed more than the other's")
-    return Conclusion(f"{where}: the ratio grew with concurrency, against the expectation that the gain shrinks: "
-                      f"{reason}.", NOT_SHOWN)
+    return Conclusion(f"{where}: the ratio grew with concurrency, against the expectation of a smaller gain in "
+                      f"bigger batches: {reason}.", NOT_SHOWN)
 
 
 def acceptance_conclusion(aligned: list[float | None], misaligned: list[float | None]) -> Conclusion:
@@ -263,3 +270,47 @@ def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Concl
                           "gives a real speed-up at low concurrency.")
     return Conclusion("GPU: decode is memory-bound, so verifying k tokens costs about one step; the speed-up is "
                       "largest at low concurrency and shrinks as the batch grows." + measured)
+
+
+def mean_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The repeats averaged: one row per method and concurrency (for a figure of the means)."""
+    columns = ["output_tok_s", "mean_ttft_ms", "mean_tpot_ms", "tokens_per_chunk", "acceptance_rate",
+               "mean_acceptance_length"]
+    columns = [c for c in columns if c in runs]
+    return runs.groupby(["config", "concurrency"], as_index=False, sort=False)[columns].mean()
+
+
+def per_k(runs: pd.DataFrame, names_by_k: dict[int, str], concurrency: int) -> pd.DataFrame:
+    """One row per number of guesses k: the mean throughput and acceptance of the method named for it."""
+    rows = []
+    for k, name in sorted(names_by_k.items()):
+        r = runs[(runs.config == name) & (runs.concurrency == concurrency)]
+        rows.append({"k": k, "config": name, "runs": len(r), "output_tok_s": _mean(r.output_tok_s),
+                     "acceptance_rate": _mean(r.acceptance_rate),
+                     "mean_acceptance_length": _mean(r.mean_acceptance_length)})
+    return pd.DataFrame(rows)
+
+
+def speculation_conclusions(runs: pd.DataFrame, table: pd.DataFrame, aligned: str, misaligned: str,
+                            k_rows: pd.DataFrame | None = None, regressed: dict[str, list[str]] | None = None,
+                            profile: str = "cpu") -> list[Conclusion]:
+    """Notebook 06's "what we learned": each method at each concurrency (``speedups`` rows; the aligned draft is
+    expected to be faster at the lowest concurrency, the misaligned one slower), the trend with concurrency,
+    acceptance aligned vs misaligned, the number of guesses, and the CPU vs GPU caveat."""
+    out: list[Conclusion] = []
+    lowest = table.concurrency.min()
+    for _, r in table.iterrows():
+        expect = {aligned: BETTER if r.concurrency == lowest else None, misaligned: WORSE}.get(r.config)
+        out.append(method_conclusion(r.to_dict(), expect, (regressed or {}).get(r.config)))
+    for name in (aligned, misaligned):
+        rows = table[table.config == name].sort_values("concurrency")
+        if len(rows) >= 2:
+            out.append(trend_conclusion(name, rows.iloc[0].to_dict(), rows.iloc[-1].to_dict()))
+    out.append(acceptance_conclusion(runs[runs.config == aligned].acceptance_rate.tolist(),
+                                     runs[runs.config == misaligned].acceptance_rate.tolist()))
+    if k_rows is not None and len(k_rows):
+        base = runs[(runs.config == BASELINE) & (runs.concurrency == lowest)].output_tok_s.tolist()
+        out.append(k_conclusion(k_rows, base))
+    low = table[(table.config == aligned) & (table.concurrency == lowest)]
+    out.append(speculation_caveat(profile, low.draft_cost_x.iloc[0] if len(low) else None))
+    return out

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from helpers.comparison import BETTER, SAME, WORSE, compare_samples, relative_spread
-from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.engine import EngineConfig
 from helpers.settings import GPU_MODEL, Settings, models_dir
 
@@ -217,3 +217,13 @@ def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: st
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
              "spec": {"template": {"spec": {"containers": [{"name": container, "args": container_args(config)}]}}}}
     return yaml.safe_dump(patch, sort_keys=False)
+
+
+def deployment_caveat(profile: str) -> Conclusion:
+    """What the written-out configuration is worth where it will run."""
+    if profile == "cpu":
+        return Conclusion("CPU vs GPU: these flags were tuned on the CPU lab's tiny model; the cluster serves "
+                          f"{GPU_MODEL} on a GPU, where the memory knob is --gpu-memory-utilization and the knee lies "
+                          "elsewhere. Treat the patch as the format, and run this notebook on the cluster "
+                          "(WORKSHOP_PROFILE=k8s) to get its numbers.")
+    return Conclusion("Tuned on this engine: the same flags on another GPU type need their own run.")

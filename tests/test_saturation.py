@@ -132,7 +132,7 @@ def test_cohorts_finishing_together_still_read_as_the_scheduler_cap():
 
 # ---------------------------------------------------------------- conclusions from the numbers
 
-from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
 from helpers.saturation import (cap_conclusion, client_lag_conclusion, control_conclusion,  # noqa: E402
                                 goodput_conclusion, lift_conclusion, relative_slos, saturation_caveat,
                                 slo_rule, steadiness_conclusion)

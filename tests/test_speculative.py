@@ -29,7 +29,7 @@ def test_bad_configs_say_what_to_change(args, message):
 
 import pandas as pd  # noqa: E402
 
-from helpers.conclusions import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
 from helpers.speculative import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion,  # noqa: E402
                                  speculation_caveat, speedups, trend_conclusion)
 
@@ -78,7 +78,7 @@ def test_the_trend_sentence_follows_the_numbers():
     assert shrinks.verdict == SHOWN and "shrinks" in shrinks.text
     # the busy-machine run: 0.17x -> 0.59x must not read as "shrinks"
     grows = trend_conclusion("aligned", _row(1, 0.17, step=5.0), _row(8, 0.59, step=2.0))
-    assert grows.verdict == NOT_SHOWN and "shrinks as concurrency grows" not in grows.text
+    assert grows.verdict == NOT_SHOWN and "shrinks" not in grows.text
     assert "grew" in grows.text and "5.0x a plain step at concurrency 1 but 2.0x at 8" in grows.text
     flat = trend_conclusion("aligned", _row(1, 1.0, noise=0.1), _row(8, 1.05, noise=0.1))
     assert flat.verdict == WITHIN_NOISE and "about the same" in flat.text
@@ -105,3 +105,27 @@ def test_the_cpu_caveat_is_labelled_and_carries_the_measured_draft_cost():
     text = speculation_caveat("cpu", draft_cost_x=0.9).text
     assert text.startswith("CPU vs GPU:") and "about 0.90 of a target step" in text
     assert speculation_caveat("gpu").text.startswith("GPU:")
+
+
+def test_the_summary_covers_every_method_the_trend_acceptance_k_and_the_caveat():
+    from helpers.speculative import mean_runs, per_k, speculation_conclusions
+
+    def method(name, tok_s, acceptance, c):
+        return [{"config": name, "concurrency": c, "output_tok_s": v, "mean_tpot_ms": 1000 / v,
+                 "acceptance_rate": acceptance, "mean_acceptance_length": None if acceptance is None else 1 + 3 * acceptance,
+                 "tokens_per_chunk": 1.0} for v in tok_s]
+
+    rows = []
+    for c, base, good, bad in [(1, [100, 101], [40, 42], [30, 31]), (8, [400, 404], [240, 236], [100, 98])]:
+        rows += method(BASELINE, base, None, c) + method("aligned", good, 0.5, c) + method("misaligned", bad, 0.05, c)
+    runs_ = pd.DataFrame(rows)
+    table = speedups(runs_, k={"aligned": 3, "misaligned": 3})
+    k_rows = per_k(runs_, {3: "aligned"}, 1)
+    assert k_rows.output_tok_s.tolist() == [41.0] and len(mean_runs(runs_)) == 6
+    out = speculation_conclusions(runs_, table, "aligned", "misaligned", k_rows, {"aligned": ["json"]}, "cpu")
+    texts = [c.text for c in out]
+    assert len(out) == 4 + 2 + 1 + 1 + 1
+    assert out[0].verdict == NOT_SHOWN and "eval regressed in json" in texts[0]  # aligned, slower at concurrency 1
+    assert out[1].verdict == SHOWN and "misaligned, concurrency 1" in texts[1]  # slower, as expected
+    assert "0.41x at concurrency 1 -> 0.59x at 8" in texts[4] and "shrinks" not in texts[4]  # the busy-machine bug
+    assert texts[-1].startswith("CPU vs GPU:")

@@ -54,7 +54,7 @@ def test_final_configuration_as_command_line_and_manifest_patch():
 
 import pandas as pd  # noqa: E402
 
-from helpers.conclusions import SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.conclusion import SHOWN, WITHIN_NOISE  # noqa: E402
 from helpers.settings import load_settings, models_dir  # noqa: E402
 from helpers.tuning import cluster_model, relative_rule, tuning_conclusions  # noqa: E402
 
