@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion
 from helpers.tools import TOOLS, call_tool
 
 
@@ -81,3 +82,21 @@ def run_agent(lab: Any, question: str, tools: list[dict[str, Any]] | None = None
             step.tool_calls.append({"name": tc.function.name, "arguments": arguments, "result": result})
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": json.dumps(result, ensure_ascii=False)})
     return AgentRun(question, None, steps, messages)
+
+
+def conclude_context_growth(prompt_tokens: list[int], completion_tokens: list[int],
+                            min_growth: float = 1.5) -> Conclusion:
+    """The context tax, judged: the prompt of the last call is at least ``min_growth`` x the first's while
+    the answers stay shorter than the prompts (token counts as the server reported them)."""
+    expectation = "the prompt grows with every call while the answers stay short"
+    if len(prompt_tokens) < 2:
+        return Conclusion(f"only {len(prompt_tokens)} model call was made: nothing to compare.", NOT_SHOWN, expectation)
+    first, last = prompt_tokens[0], prompt_tokens[-1]
+    growth = last / first if first else float("inf")
+    mean_completion = sum(completion_tokens) / len(completion_tokens)
+    text = (f"over {len(prompt_tokens)} calls the prompt went from {first:,} to {last:,} tokens ({growth:.1f}x); "
+            f"the answers averaged {mean_completion:.0f} tokens")
+    if growth >= min_growth and mean_completion < last:
+        return Conclusion(text + ": agents pay for the whole context on every step.", SHOWN, expectation)
+    return Conclusion(text + f": the prompt grew less than {min_growth:g}x (the conversation was short, or the "
+                      "history was not re-sent).", NOT_SHOWN, expectation)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from helpers.conclusion import Conclusion
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
@@ -31,6 +33,15 @@ def api_usd_per_million_output_tokens(prompt_tokens: int, completion_tokens: int
     if completion_tokens <= 0:
         raise ValueError("completion_tokens must be positive")
     return api_cost_usd(prompt_tokens, completion_tokens, usd_per_m_input, usd_per_m_output) / completion_tokens * 1e6
+
+
+def own_usd_per_million_output_tokens(hourly_usd: float, busy_s: float, completion_tokens: int) -> float:
+    """What a machine rented at ``hourly_usd`` costs per million OUTPUT tokens when serving them kept it busy
+    ``busy_s`` seconds (prefill of the prompts included), in USD: the same unit as
+    ``api_usd_per_million_output_tokens``."""
+    if completion_tokens <= 0 or busy_s <= 0:
+        raise ValueError("need completion_tokens > 0 and a measured busy_s > 0")
+    return hourly_usd * busy_s / 3600.0 / completion_tokens * 1e6
 
 
 def break_even_tokens_per_day(hourly_usd: float, api_usd_per_m_tokens: float) -> float:
@@ -117,3 +128,40 @@ def reasoning_cost(answer_tokens: int, reasoning_tokens: int, tpot_s: float, usd
             "decode_s_plain": answer_tokens * tpot_s, "decode_s_thinking": total * tpot_s,
             "usd_plain": answer_tokens * usd_per_m_output / 1e6, "usd_thinking": total * usd_per_m_output / 1e6,
             "factor": total / answer_tokens}
+
+
+def cpu_gpu_caveat(profile: str) -> str:
+    """The caveat that goes with a cost per token measured on ``profile`` ("cpu", "gpu", "k8s")."""
+    if profile == "cpu":
+        return ("Caveat: this is a CPU serving a tiny model to one stream. A CPU's tokens/s says nothing of a "
+                "GPU's: a GPU serving a real model decodes many streams in one step, so its cost per token at "
+                "load (notebook 07) is what to set against an API, with your own hourly price.")
+    return ("Caveat: one stream at a time leaves most of the GPU idle; batching many streams (notebook 07) "
+            "serves more tokens for the same hourly price.")
+
+
+def conclude_rent_vs_own(api_usd_per_m_output: float, own_usd_per_m_output: float, prompt_tokens: int,
+                         completion_tokens: int, busy_s: float, hourly_usd: float, profile: str) -> list[Conclusion]:
+    """Rent (a pay-per-token API) against own (this engine), both in USD per million output tokens for the
+    same requests with their prompts: which is cheaper, by how much, and the caveat for ``profile``."""
+    shape = (f"For this conversation's requests ({prompt_tokens:,} prompt + {completion_tokens:,} completion "
+             f"tokens), per million output tokens, prompts included: the API costs {api_usd_per_m_output:.3f} USD; "
+             f"this engine, busy {busy_s:.1f} s at {hourly_usd:g} USD/h serving one stream, "
+             f"{own_usd_per_m_output:.3f} USD")
+    ratio = own_usd_per_m_output / api_usd_per_m_output
+    if ratio < 1:
+        verdict = Conclusion(f"{shape}: owning is {1 / ratio:.1f}x cheaper at this hourly price, "
+                             "if the machine is busy all the time it is paid for.")
+    else:
+        verdict = Conclusion(f"{shape}: owning is {ratio:.1f}x dearer at one stream; it pays off only with "
+                             "more streams at once, a lower hourly price, or a faster machine.")
+    return [verdict, Conclusion(cpu_gpu_caveat(profile))]
+
+
+def conclude_reasoning_cost(thinking: Mapping[str, float], tpot_source: str) -> Conclusion:
+    """The sentence for ``reasoning_cost``'s result; ``tpot_source`` says where its TPOT was measured."""
+    return Conclusion(
+        f"Thinking: {thinking['reasoning_tokens']:,.0f} reasoning tokens make a {thinking['answer_tokens']:,.0f}-token "
+        f"answer {thinking['factor']:.1f}x slower to decode ({thinking['decode_s_plain']:.3f} s -> "
+        f"{thinking['decode_s_thinking']:.3f} s at the TPOT of {tpot_source}) and {thinking['factor']:.1f}x dearer "
+        "in output tokens (a computation from the measured TPOT, not a measured reasoning run).")

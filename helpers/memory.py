@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping, Union
 
+from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural
 from helpers.gpus import GPU, get_gpu
 
 ModelSource = Union[str, os.PathLike, Mapping[str, Any]]
@@ -803,7 +804,8 @@ def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype:
 
     Weights: exact safetensors bytes when the directory has them and no ``weight_dtype`` is given;
     otherwise an estimate for ``weight_dtype`` (default: what quantization_config declares, else bf16).
-    GPU: ``overhead_bytes`` defaults to ``estimate_overhead``, ``total_memory_bytes`` to the datasheet,
+    GPU: ``overhead_bytes`` defaults to ``estimate_overhead``, ``total_memory_bytes`` to the total the
+    driver reports (``gpus.GPU.usable_memory_bytes``, nvidia-smi's memory.total),
     ``max_num_batched_tokens`` to vLLM's default for that GPU; async scheduling (vLLM's GPU default)
     keeps two batches in flight, which sliding-window layers must hold. CPU backend: give
     ``cpu_kv_cache_space_gib`` (VLLM_CPU_KVCACHE_SPACE) and no GPU.
@@ -837,7 +839,7 @@ def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype:
         cache = cpu_kv_cache(kv, max_model_len, kv_cache_space_gib=cpu_kv_cache_space_gib, block_size=block_size)
         return replace(plan, gpu="cpu", kv_cache=cache)
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    total = total_memory_bytes if total_memory_bytes is not None else spec.memory_bytes
+    total = total_memory_bytes if total_memory_bytes is not None else spec.usable_memory_bytes
     batched_tokens, max_num_seqs = vllm_gpu_scheduler_defaults(total, spec.name)
     if max_num_batched_tokens is not None:
         batched_tokens = max_num_batched_tokens
@@ -853,20 +855,106 @@ def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype:
 
 
 def plan_row(plan: MemoryPlan, conversation_tokens: int | None = None) -> dict[str, Any]:
-    """One plan as a table row in GB (1e9 bytes); ``conversation_tokens`` adds how many such conversations fit."""
+    """One plan as a table row in GiB (2**30 bytes, the unit of nvidia-smi and vLLM's logs);
+    ``conversation_tokens`` adds how many such conversations fit in the KV cache at once."""
     cache = plan.kv_cache
     row: dict[str, Any] = {"model": plan.model, "gpu": plan.gpu, "weights": plan.weight_dtype, "kv": plan.kv_dtype,
-                           "weights_gb": plan.weight_bytes / 1e9, "kv_bytes_per_token": plan.kv_bytes_per_token}
+                           "weights_gib": plan.weight_bytes / GIB, "kv_bytes_per_token": plan.kv_bytes_per_token}
     if plan.total_memory_bytes is not None and plan.gpu_memory_utilization is not None:
-        row["budget_gb"] = plan.total_memory_bytes * plan.gpu_memory_utilization / 1e9
+        row["memory_gib"] = plan.total_memory_bytes / GIB
+        row["budget_gib"] = plan.total_memory_bytes * plan.gpu_memory_utilization / GIB
     if plan.overhead is not None:
-        row["overhead_gb"] = plan.overhead.total_bytes / 1e9
+        row["overhead_gib"] = plan.overhead.total_bytes / GIB
     if cache is not None:
-        row.update(kv_cache_gb=max(0, cache.kv_memory_bytes) / 1e9, kv_cache_tokens=cache.kv_cache_tokens,
+        row.update(kv_cache_gib=max(0, cache.kv_memory_bytes) / GIB, kv_cache_tokens=cache.kv_cache_tokens,
+                   block_size=cache.block_size, max_model_len=cache.max_model_len,
                    max_concurrency_at_max_len=round(cache.max_concurrency, 2), fits=cache.fits)
         if conversation_tokens:
             row[f"conversations_of_{conversation_tokens}_tokens"] = cache.kv_cache_tokens // conversation_tokens
     return row
+
+
+def fit_verdict(row: Mapping[str, Any]) -> str:
+    """Why a ``plan_row`` does or does not start: '' when it fits; otherwise the weights that do not fit
+    the budget, or the max_model_len that does not fit the KV cache (vLLM then refuses to start)."""
+    if row.get("fits", True):
+        return ""
+    if "budget_gib" in row and row["weights_gib"] + row.get("overhead_gib", 0.0) >= row["budget_gib"]:
+        return (f"does not fit: {row['weights_gib']:.1f} GiB of weights (+{row.get('overhead_gib', 0.0):.1f} GiB "
+                f"overhead) exceed the {row['budget_gib']:.1f} GiB budget, so no KV cache is left")
+    return (f"vLLM would refuse to start: one request of max_model_len {row['max_model_len']:,} tokens does not fit "
+            f"the {row['kv_cache_tokens']:,}-token KV cache; lower --max-model-len or free memory")
+
+
+def fit_title(row: Mapping[str, Any], conversation_tokens: int) -> str:
+    """The explorer's title: how many conversations of ``conversation_tokens`` fit, or why nothing starts."""
+    reason = fit_verdict(row)
+    head = f"{row['model']} on {row['gpu']}"
+    if reason:
+        return f"{head}: {reason}"
+    return f"{head}: {plural(int(row[f'conversations_of_{conversation_tokens}_tokens']), 'conversation')} of " \
+           f"{conversation_tokens:,} tokens fit at once"
+
+
+def block_size_note(block_size: int, profile: str) -> str:
+    """Why the KV cache comes in blocks of this size on this profile ("cpu" or a GPU one)."""
+    where = "vLLM's CPU build" if profile == "cpu" else "this engine"
+    return (f"{where} hands out KV memory in blocks of {block_size} tokens: {GPU_BLOCK_SIZE} is vLLM's default "
+            f"on a GPU (CacheConfig), {CPU_BLOCK_SIZE} on its CPU build (vllm/platforms/cpu.py, when no "
+            "--block-size is given); a request holds ceil(tokens / block size) blocks.")
+
+
+def conclude_memory_plan(model: str, gpu: str, utilization: float, bf16: Mapping[str, Any], fp8: Mapping[str, Any],
+                         fp8_kv: Mapping[str, Any], conversation_tokens: int) -> list[Conclusion]:
+    """The memory lesson from three ``plan_row`` rows (BF16, FP8 weights, FP8 weights and KV) of one GPU:
+    what fits, and whether FP8 weights and an FP8 KV cache grow the KV cache as expected."""
+    convs = f"conversations_of_{conversation_tokens}_tokens"
+    out = []
+    reason = fit_verdict(bf16)
+    if reason:
+        out.append(Conclusion(f"{model} with BF16 weights on {gpu} at utilization {utilization}: {reason}."))
+    else:
+        out.append(Conclusion(
+            f"{model} needs {bf16['weights_gib']:.2f} GiB for BF16 weights; {gpu} reports {bf16['memory_gib']:.2f} GiB, "
+            f"x {utilization} = {bf16['budget_gib']:.2f} GiB budget, leaving {bf16['kv_cache_gib']:.2f} GiB of KV cache = "
+            f"{bf16['kv_cache_tokens']:,} tokens, {plural(int(bf16[convs]), 'conversation')} of {conversation_tokens:,} tokens."))
+    expectation = "FP8 weights free memory that becomes KV cache"
+    freed = bf16["weights_gib"] - fp8["weights_gib"]
+    if fp8["kv_cache_tokens"] > bf16["kv_cache_tokens"]:
+        out.append(Conclusion(f"FP8 weights free {freed:.2f} GiB: {fp8['kv_cache_tokens']:,} KV tokens instead of "
+                              f"{bf16['kv_cache_tokens']:,}.", SHOWN, expectation))
+    else:
+        why = fit_verdict(fp8) or "the KV cache did not grow"
+        out.append(Conclusion(f"FP8 weights free {freed:.2f} GiB, but {fp8['kv_cache_tokens']:,} KV tokens vs "
+                              f"{bf16['kv_cache_tokens']:,}: {why}.", NOT_SHOWN, expectation))
+    expectation = "an FP8 KV cache holds twice the tokens"
+    ratio = fp8_kv["kv_cache_tokens"] / fp8["kv_cache_tokens"] if fp8["kv_cache_tokens"] else float("nan")
+    shown = ratio == ratio and ratio >= 1.9
+    out.append(Conclusion(f"{fp8_kv['kv_cache_tokens']:,} KV tokens with FP8 weights and KV cache vs "
+                          f"{fp8['kv_cache_tokens']:,} with a BF16 KV cache ({ratio:.2f}x); "
+                          f"{fp8_kv['kv_bytes_per_token']:,} vs {fp8['kv_bytes_per_token']:,} bytes per token.",
+                          SHOWN if shown else NOT_SHOWN, expectation))
+    return out
+
+
+def conclude_engine_comparison(comparison: "pd.DataFrame | None", profile: str) -> Conclusion:
+    """The planner against the live engine (``compare_with_engine``): exact, or by how much they differ."""
+    expectation = "the planner predicts the CPU engine's KV capacity to the token"
+    if comparison is None or "predicted" not in comparison:
+        return Conclusion("On a GPU the overhead is an estimate: compare the plan with the 'Available KV cache memory' "
+                          f"line of vLLM's log ({profile} profile; no exact check here).")
+    predicted = comparison.loc["kv_cache_size_tokens", "predicted"]
+    reported = comparison.loc["kv_cache_size_tokens", "vLLM reports"]
+    block = comparison.loc["block_size", "vLLM reports"]
+    if reported is None:
+        return Conclusion(f"predicted {predicted:,} KV tokens; the engine published no vllm:cache_config_info.",
+                          NOT_SHOWN, expectation)
+    if predicted == reported:
+        return Conclusion(f"predicted {predicted:,} KV tokens, vLLM reports {reported:,} (exact), in blocks of {block} "
+                          "tokens.", SHOWN, expectation)
+    return Conclusion(f"predicted {predicted:,} KV tokens, vLLM reports {reported:,} ({(reported - predicted) / predicted:+.1%}; "
+                      "they differ: check --kv-cache-memory-bytes, --block-size and the model's config).",
+                      NOT_SHOWN, expectation)
 
 
 def predict_cpu_engine_kv(model_dir: ModelSource, engine_args: list[str] | tuple[str, ...]) -> VllmKVCache:

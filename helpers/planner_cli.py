@@ -157,11 +157,13 @@ def run_gpus(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([asdict(g) for g in gpus.GPUS], indent=1))
         return 0
-    print(f"{'GPU':<14} {'memory':>8} {'GB/s':>6} {'BF16 TF':>8} {'FP8 TF':>7}  (dense)")
+    print(f"{'GPU':<14} {'memory':>8} {'usable':>10} {'GB/s':>6} {'BF16 TF':>8} {'FP8 TF':>7}  (dense)")
     for g in gpus.GPUS:
         fp8 = f"{g.fp8_tflops:g}" if g.fp8_tflops is not None else "-"
-        print(f"{g.name:<14} {g.memory_bytes / 1e9:>6.0f}GB {g.bandwidth_gb_s:>6g} {g.bf16_tflops:>8g} {fp8:>7}"
+        print(f"{g.name:<14} {g.memory_bytes / 1e9:>6.0f}GB {g.usable_memory_gib:>7.2f}GiB {g.bandwidth_gb_s:>6g} "
+              f"{g.bf16_tflops:>8g} {fp8:>7}"
               + (f"  {g.note}" if g.note else ""))
-        for source in dict.fromkeys((g.memory_source, g.bandwidth_source, g.bf16_source, g.fp8_source)):
+        for source in dict.fromkeys((g.memory_source, g.usable_memory_source, g.bandwidth_source, g.bf16_source,
+                                     g.fp8_source)):
             print(f"{'':<14}   source: {source}")
     return 0

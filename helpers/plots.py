@@ -10,7 +10,8 @@ from helpers.stream_timing import StreamTiming
 
 
 def token_timeline(timing: StreamTiming, title: str = "One streamed request") -> Figure:
-    """Cumulative tokens against time since send, with TTFT marked; per-token gaps beneath."""
+    """Cumulative tokens against time since send, with TTFT marked; beneath, the gap before each chunk
+    as it arrived (ms; a stall stays one long gap, it is not spread over the chunk's tokens)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=False, constrained_layout=True)
     times_ms = [t * 1000 for t in timing.token_times_s()]
     top.step(times_ms, range(1, len(times_ms) + 1), where="post")
@@ -20,13 +21,18 @@ def token_timeline(timing: StreamTiming, title: str = "One streamed request") ->
     top.set_ylabel("output tokens received")
     top.set_title(title)
     top.legend(loc="lower right")
-    gaps_ms = [g * 1000 for g in timing.itl_token_s]
-    bottom.plot(range(2, len(gaps_ms) + 2), gaps_ms, marker=".", linewidth=0.8)
+    gaps = timing.chunk_gaps()
+    bottom.bar([n for n, _ in gaps], [g * 1000 for _, g in gaps], width=0.8)
+    if timing.median_gap_s is not None:
+        bottom.axhline(timing.median_gap_s * 1000, color="tab:green", linestyle="--",
+                       label=f"median gap {timing.median_gap_s * 1000:.1f} ms")
     if timing.tpot_s is not None:
-        bottom.axhline(timing.tpot_s * 1000, color="tab:green", linestyle="--", label=f"TPOT {timing.tpot_s * 1000:.1f} ms")
+        bottom.axhline(timing.tpot_s * 1000, color="tab:orange", linestyle=":",
+                       label=f"TPOT (mean) {timing.tpot_s * 1000:.1f} ms")
+    if gaps:
         bottom.legend(loc="upper right")
-    bottom.set_xlabel("output token number")
-    bottom.set_ylabel("gap before token (ms)")
+    bottom.set_xlabel("output token number (a chunk is drawn at its last token)")
+    bottom.set_ylabel("gap before the chunk (ms)")
     return fig
 
 
@@ -155,16 +161,17 @@ def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during th
 
 
 def memory_budget(rows: pd.DataFrame, label: str = "gpu", title: str = "Where the GPU's memory goes") -> Figure:
-    """Stacked bars of weights, overhead and KV cache (GB) per row of ``memory.plan_row`` output."""
+    """Stacked bars of weights, overhead and KV cache (GiB) per row of ``memory.plan_row`` output."""
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(rows)), constrained_layout=True)
     names = [str(x) for x in rows[label]]
     left = pd.Series(0.0, index=rows.index)
-    for column, name in (("weights_gb", "weights"), ("overhead_gb", "overhead (estimate)"), ("kv_cache_gb", "KV cache")):
+    for column, name in (("weights_gib", "weights"), ("overhead_gib", "overhead (estimate)"),
+                         ("kv_cache_gib", "KV cache")):
         ax.barh(names, rows[column], left=left, label=name)
         left = left + rows[column]
-    if "budget_gb" in rows:
-        ax.scatter(rows["budget_gb"], names, marker="|", s=300, color="black", label="memory x utilization")
-    ax.set_xlabel("GB (1e9 bytes)")
+    if "budget_gib" in rows:
+        ax.scatter(rows["budget_gib"], names, marker="|", s=300, color="black", label="memory x utilization")
+    ax.set_xlabel("GiB (2**30 bytes, as nvidia-smi and vLLM count)")
     ax.set_title(title)
     ax.legend(loc="lower right", fontsize="small")
     return fig

@@ -10,16 +10,25 @@
   (a concurrency cap, a busy event loop). Zero-cost to ignore for single requests (``t_scheduled`` unset).
 Tokens per chunk come from the server (``stream_options.continuous_usage_stats``: a running
 ``completion_tokens`` in every chunk), never from re-tokenizing text.
-Definitions: ../shared/reference/measurement.md (this repository's copy of the sources).
+The same definitions as vLLM's benchmark (``vllm bench serve``: vllm/benchmarks/serve.py, TTFT, TPOT
+and ITL) and the vLLM documentation's metrics design page. A stall shows in ``itl_chunk_s`` as one
+long gap; ``itl_token_s`` spreads it over the tokens that chunk carried, so a timeline uses the chunks.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
+from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion
+
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+# A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
+STALL_FACTOR = 3.0
 
 
 @dataclass
@@ -108,6 +117,24 @@ class StreamTiming:
             out.extend([gap / k] * k)
         return out
 
+    @property
+    def median_gap_s(self) -> float | None:
+        """Median gap between token-carrying chunks as they arrived (s); None with fewer than two chunks."""
+        return median(self.itl_chunk_s) if self.itl_chunk_s else None
+
+    @property
+    def longest_gap_s(self) -> float | None:
+        """Longest gap between token-carrying chunks as they arrived (s)."""
+        return max(self.itl_chunk_s) if self.itl_chunk_s else None
+
+    def chunk_gaps(self) -> list[tuple[int, float]]:
+        """(number of the chunk's last token, gap before that chunk in s) for every chunk after the first."""
+        ends, total = [], 0
+        for k in self.chunk_tokens:
+            total += k
+            ends.append(total)
+        return list(zip(ends[1:], self.itl_chunk_s))
+
     def token_times_s(self) -> list[float]:
         """Arrival time of every output token relative to send (tokens of one chunk share a time)."""
         return [t - self.t_sent for t, k in zip(self.chunk_times, self.chunk_tokens) for _ in range(k)]
@@ -122,8 +149,10 @@ class StreamTiming:
 
 
 def stream_chat(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int = 128,
-                **kwargs: Any) -> StreamTiming:
-    """Stream one chat completion and time it; errors are recorded, not raised."""
+                on_chunk: Callable[[StreamTiming], None] | None = None, **kwargs: Any) -> StreamTiming:
+    """Stream one chat completion and time it; errors are recorded, not raised.
+
+    ``on_chunk`` is called with the timing after every chunk (e.g. to know that a stream is decoding)."""
     kwargs.setdefault("temperature", 0.0)
     timing = StreamTiming(t_sent=time.perf_counter())
     try:
@@ -144,7 +173,33 @@ def stream_chat(client: Any, model: str, messages: list[dict[str, Any]], max_tok
             timing.record_chunk(now, usage.completion_tokens if usage else None, content, other)
             if usage is not None:
                 timing.prompt_tokens = usage.prompt_tokens
+            if on_chunk is not None:
+                on_chunk(timing)
     except Exception as err:  # noqa: BLE001 - a failed request is a result, kept with its error
         timing.error = f"{type(err).__name__}: {err}"
     timing.t_done = time.perf_counter()
     return timing
+
+
+def conclude_stream(timing: StreamTiming, stall_factor: float = STALL_FACTOR) -> list[Conclusion]:
+    """What one streamed request showed: TTFT, TPOT, and whether the tokens came at a steady pace
+    (longest gap between chunks within ``stall_factor`` x the median gap) or with a stall."""
+    if not timing.ok or timing.tpot_s is None or timing.median_gap_s is None:
+        return [Conclusion(f"The streamed request gave too few tokens to time ({timing.completion_tokens}; "
+                           f"error: {timing.error}).", NOT_SHOWN, "tokens arrive at a steady pace")]
+    tpot_ms, med_ms, top_ms = timing.tpot_s * 1000, timing.median_gap_s * 1000, timing.longest_gap_s * 1000
+    first = Conclusion(f"First token after {timing.ttft_s * 1000:,.0f} ms (prefill, plus any queueing); then "
+                       f"{timing.completion_tokens - 1} more tokens at one every {tpot_ms:.1f} ms on average "
+                       f"({1000 / tpot_ms:.0f} tokens/s for one stream).")
+    expectation = "after the first token, tokens arrive at a steady pace (one decode step each)"
+    ratio = top_ms / med_ms if med_ms > 0 else float("inf")
+    if ratio <= stall_factor:
+        return [first, Conclusion(f"the gaps between chunks had a median of {med_ms:.1f} ms and a longest of "
+                                  f"{top_ms:.1f} ms ({ratio:.1f}x the median).", SHOWN, expectation)]
+    stall_token = max(timing.chunk_gaps(), key=lambda g: g[1])[0]
+    without = (timing.chunk_times[-1] - timing.chunk_times[0] - timing.longest_gap_s) / max(1, timing.completion_tokens - 2)
+    return [first, Conclusion(
+        f"one gap of {top_ms:,.0f} ms before token {stall_token}, {ratio:.0f}x the median gap of {med_ms:.1f} ms: "
+        f"a stall (the engine or this client did not run: a busy machine, another request's prefill), not the "
+        f"decode pace. The average TPOT of {tpot_ms:.1f} ms includes it; without that gap it is "
+        f"{without * 1000:.1f} ms.", NOT_SHOWN, expectation)]

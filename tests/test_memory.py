@@ -307,7 +307,7 @@ def test_gpu_budget_uses_total_memory_and_refuses_what_does_not_fit() -> None:
 def test_gpu_plan_arithmetic() -> None:
     plan = memory.plan_memory(CONFIGS / "Llama-3.1-8B.json", gpu="h100-sxm", max_model_len=8192, overhead_bytes=2 * 2**30)
     weights = 2 * 8_030_261_248
-    kv_memory = math.ceil(80e9 * 0.92) - weights - 2 * 2**30
+    kv_memory = math.ceil(81559 * 2**20 * 0.92) - weights - 2 * 2**30  # nvidia-smi total of an "80GB" H100
     cache = plan.kv_cache
     assert cache is not None and cache.kv_memory_bytes == kv_memory
     assert cache.num_blocks == kv_memory // (16 * 131_072)
@@ -360,3 +360,59 @@ def test_predict_cpu_engine_kv_reads_the_engine_flags():
     assert table.loc["block_size", "vLLM reports"] != table.loc["block_size", "predicted"]  # missing, not equal
     with pytest.raises(memory.ConfigError, match="--kv-cache-memory-bytes"):
         predict_cpu_engine_kv(REFERENCE_CONFIGS / "Qwen3-0.6B.json", ["--enforce-eager"])
+
+
+# ---------------------------------------------------------------- GiB rows, fit verdicts and conclusions
+
+from helpers.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
+
+
+def _rows(gpu="RTX 4000 Ada", model="Qwen3-4B", max_model_len=16384):
+    cfg = CONFIGS / f"{model}.json"
+    return [memory.plan_row(memory.plan_memory(cfg, gpu=gpu, weight_dtype=w, kv_dtype=k, gpu_memory_utilization=0.9,
+                                               max_model_len=max_model_len), 8192)
+            for w, k in (("bf16", "bf16"), ("fp8", "bf16"), ("fp8", "fp8"))]
+
+
+def test_plan_row_is_in_gib_of_the_reported_memory():
+    row = _rows(gpu="H100 SXM")[0]
+    assert row["memory_gib"] == pytest.approx(81559 / 1024)
+    assert row["budget_gib"] == pytest.approx(81559 / 1024 * 0.9)
+    assert row["block_size"] == 16 and "weights_gb" not in row
+
+
+def test_memory_conclusion_when_everything_fits():
+    bf16, fp8, fp8_kv = _rows()
+    out = memory.conclude_memory_plan("Qwen3-4B", "RTX 4000 Ada", 0.9, bf16, fp8, fp8_kv, 8192)
+    assert "GiB for BF16 weights" in out[0].text and "conversation" in out[0].text
+    assert out[1].verdict == SHOWN and out[2].verdict == SHOWN
+
+
+def test_memory_conclusion_says_when_the_weights_do_not_fit():
+    bf16, fp8, fp8_kv = _rows(gpu="L4", model="Qwen3-30B-A3B")
+    out = memory.conclude_memory_plan("Qwen3-30B-A3B", "L4", 0.9, bf16, fp8, fp8_kv, 8192)
+    assert "does not fit" in out[0].text and "GiB of weights" in out[0].text
+    assert out[1].verdict == NOT_SHOWN  # FP8 weights do not fit either: no KV cache to grow
+
+
+def test_fit_title_grammar_and_the_refusal_to_start():
+    row = dict(_rows()[0], **{"conversations_of_8192_tokens": 1})
+    assert ": 1 conversation of 8,192 tokens fit" in memory.fit_title(row, 8192)
+    too_long = dict(row, fits=False, budget_gib=100.0, max_model_len=10**6)
+    assert "vLLM would refuse to start" in memory.fit_title(too_long, 8192)
+
+
+def test_engine_comparison_verdict_flips_when_the_numbers_differ():
+    kv = memory.kv_cache_bytes(CONFIGS / "Qwen3-4B.json")
+    predicted = memory.cpu_kv_cache(kv, 4096, kv_cache_memory_bytes=2**30)
+    same = memory.compare_with_engine(predicted, {"num_gpu_blocks": predicted.num_blocks, "block_size": 128,
+                                                  "kv_cache_size_tokens": predicted.vllm_kv_cache_size_tokens})
+    other = memory.compare_with_engine(predicted, {"num_gpu_blocks": 1, "block_size": 128,
+                                                   "kv_cache_size_tokens": predicted.vllm_kv_cache_size_tokens + 128})
+    assert memory.conclude_engine_comparison(same, "cpu").verdict == SHOWN
+    assert memory.conclude_engine_comparison(other, "cpu").verdict == NOT_SHOWN
+
+
+def test_block_size_note_names_both_defaults():
+    note = memory.block_size_note(128, "cpu")
+    assert "128 tokens" in note and "16 is vLLM's default on a GPU" in note

@@ -39,7 +39,7 @@ def test_memory_json_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
 def test_memory_json_with_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     out = _json(capsys, ["memory", str(CONFIGS / "Llama-3.1-8B.json"), "--gpu", "H100-sxm", "--kv-dtype", "fp8",
                          "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--overhead-bytes", "2000000000"])
-    kv_memory = math.ceil(80e9 * 0.9) - 2 * 8_030_261_248 - 2_000_000_000
+    kv_memory = math.ceil(81559 * 2**20 * 0.9) - 2 * 8_030_261_248 - 2_000_000_000  # nvidia-smi total (MiB)
     assert out["kv_bytes_per_token"] == 65_536
     assert out["kv_cache_bytes"] == kv_memory
     assert out["num_blocks"] == kv_memory // (16 * 65_536)

@@ -37,3 +37,37 @@ def test_without_usage_each_nonempty_chunk_is_one_token():
 def test_failed_request_has_no_latency():
     t = StreamTiming(t_sent=0.0, error="ConnectionError: refused")
     assert not t.ok and t.ttft_s is None and t.tpot_s is None
+
+
+# ---------------------------------------------------------------- gaps as they arrived, and the conclusion
+
+from helpers.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
+from helpers.stream_timing import conclude_stream  # noqa: E402
+
+
+def steady(n=20, gap=0.02):
+    return make([(0.1 + i * gap, i + 1, "x") for i in range(n)])
+
+
+def test_chunk_gaps_keep_a_stall_as_one_gap():
+    # five tokens at 20 ms, then one chunk of 4 tokens after a 1.26 s stall
+    t = make([(0.1, 1, "a"), (0.12, 2, "b"), (0.14, 3, "c"), (0.16, 4, "d"), (0.18, 5, "e"), (1.44, 9, "fghi")])
+    assert t.chunk_gaps()[-1] == (9, pytest.approx(1.26))
+    assert t.longest_gap_s == pytest.approx(1.26) and t.median_gap_s == pytest.approx(0.02)
+    assert max(t.itl_token_s) == pytest.approx(1.26 / 4)  # per token the stall reads as a slow pace
+
+
+def test_steady_stream_is_shown():
+    out = conclude_stream(steady())
+    assert out[1].verdict == SHOWN and "longest of 20.0 ms" in out[1].text
+
+
+def test_a_stall_flips_the_verdict_and_is_named():
+    events = [(0.1 + i * 0.02, i + 1, "x") for i in range(19)] + [(0.1 + 18 * 0.02 + 1.26, 20, "y")]
+    out = conclude_stream(make(events))
+    assert out[1].verdict == NOT_SHOWN
+    assert "one gap of 1,260 ms before token 20" in out[1].text and "a stall" in out[1].text
+
+
+def test_too_few_tokens_is_not_shown():
+    assert conclude_stream(make([(0.1, 1, "a")]))[0].verdict == NOT_SHOWN
