@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion
+
 
 def load_model(model_dir: str | Path):
     """The model (float32, eval mode) and its tokenizer from a local directory."""
@@ -48,3 +50,22 @@ def compare_loops(model, prompt_ids: list[int], new_tokens: int) -> pd.DataFrame
     with_cache = timed_generation(model, prompt_ids, new_tokens, use_cache=True).assign(cache="with KV cache")
     without = timed_generation(model, prompt_ids, new_tokens, use_cache=False).assign(cache="without")
     return pd.concat([with_cache, without], ignore_index=True)
+
+
+def conclude_loops(steps: pd.DataFrame, new_tokens: int) -> list[Conclusion]:
+    """What the two hand-written loops showed: same tokens, and the cached loop's steps cheaper and
+    flat while the uncached loop's steps grow with the context (``compare_loops`` output)."""
+    with_cache, without = steps[steps.cache == "with KV cache"], steps[steps.cache == "without"]
+    same = len(with_cache) == len(without) and (with_cache["token"].values == without["token"].values).all()
+    out = [Conclusion(f"both loops produced the same {new_tokens} tokens" if same else
+                      "the two loops produced different tokens: the cache changed the result (a bug to report)",
+                      SHOWN if same else NOT_SHOWN, "the KV cache changes the speed, not the tokens")]
+    total_with, total_without = with_cache["step_s"].sum(), without["step_s"].sum()
+    last_with, last_without = with_cache["step_s"].iloc[-1] * 1000, without["step_s"].iloc[-1] * 1000
+    text = (f"without a KV cache the loop took {total_without:.2f} s for {new_tokens} tokens, with it "
+            f"{total_with:.2f} s; the last step cost {last_without:.1f} ms vs {last_with:.1f} ms")
+    shown = total_with < total_without
+    out.append(Conclusion(text + (": re-running the whole context every step is the work the cache saves." if shown else
+                                  ": no saving here (a context this short costs little to recompute, or the machine "
+                                  "was busy)."), SHOWN if shown else NOT_SHOWN, "the KV cache makes generation faster"))
+    return out

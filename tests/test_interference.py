@@ -1,0 +1,58 @@
+"""The prefill-stall conclusions, fed made-up stream timings that go each way."""
+
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.interference import StallResult, conclude_stall
+from helpers.stream_timing import StreamTiming
+
+
+def stall_run(steady_s=0.02, stall_s=1.0, prefill_s=1.0, prompt_tokens=3500):
+    """Two streams ticking every ``steady_s``; one gap of ``stall_s`` while a prefill of ``prefill_s`` runs at t=1 s."""
+    streams = []
+    for _ in range(2):
+        t = StreamTiming(t_sent=0.0)
+        now, n = 0.1, 0
+        while now < 1.0:
+            n += 1
+            t.record_chunk(now, n, "x")
+            now += steady_s
+        now = 1.0 + max(stall_s, steady_s)
+        for _ in range(10):
+            n += 1
+            t.record_chunk(now, n, "x")
+            now += steady_s
+        streams.append(t)
+    long = StreamTiming(t_sent=1.0, prompt_tokens=prompt_tokens)
+    long.record_chunk(1.0 + prefill_s, 1, "y")
+    return StallResult(streams, long, 1.0, 1.0 + prefill_s)
+
+
+def test_the_expected_story_is_shown():
+    runs = {"default": [stall_run(stall_s=1.0, prefill_s=1.0), stall_run(stall_s=1.05, prefill_s=1.02)],
+            "chunked 256": [stall_run(stall_s=0.2, prefill_s=1.5), stall_run(stall_s=0.21, prefill_s=1.55)]}
+    default, chunked, shorter, longer = conclude_stall(runs)
+    assert default.verdict == SHOWN and chunked.verdict == SHOWN
+    assert shorter.verdict == SHOWN and longer.verdict == SHOWN
+
+
+def test_chunked_prefill_that_finishes_sooner_is_not_shown_with_the_rates():
+    # the busy-machine run of the issue: the long prompt's TTFT 7,978 -> 3,941 ms
+    runs = {"default": [stall_run(stall_s=8.0, prefill_s=7.978), stall_run(stall_s=7.9, prefill_s=7.9)],
+            "chunked 256": [stall_run(stall_s=0.3, prefill_s=3.941), stall_run(stall_s=0.3, prefill_s=3.9)]}
+    *_, longer = conclude_stall(runs, quiet=False)
+    assert longer.verdict == NOT_SHOWN
+    assert "7,939 ms (default) vs 3,920 ms (chunked 256)" in longer.text and "prompt tokens/s" in longer.text
+    assert "the machine was busy" in longer.text
+
+
+def test_no_stall_and_no_difference():
+    runs = {"default": [stall_run(stall_s=0.02, prefill_s=0.02)], "chunked 256": [stall_run(stall_s=0.02, prefill_s=0.02)]}
+    default, _, shorter, longer = conclude_stall(runs)
+    assert default.verdict == NOT_SHOWN and "hardly noticed" in default.text
+    assert shorter.verdict == WITHIN_NOISE and longer.verdict == WITHIN_NOISE
+
+
+def test_no_steady_gap_says_so_instead_of_nan():
+    quiet_run = stall_run()
+    quiet_run.streams[0].chunk_times, quiet_run.streams[1].chunk_times = [], []
+    default, *_ = conclude_stall({"default": [quiet_run], "chunked": [stall_run()]})
+    assert default.verdict == NOT_SHOWN and "nan" not in default.text

@@ -1,0 +1,35 @@
+"""KV-cache conclusions: one request's blocks, prefix caching cold vs warm, an agent's cache hits."""
+
+import pandas as pd
+
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.kv_cache import conclude_agent_cache, conclude_kv_peak, conclude_prefix_cache, expected_blocks
+
+
+def test_peak_within_the_request_blocks_is_shown():
+    assert expected_blocks(3800, 128) == 30
+    peak, freed = conclude_kv_peak(3800, 128, 1001, 29 / 1000, 0.0)
+    assert peak.verdict == SHOWN and "missed the last 1 block" in peak.text and freed.verdict == SHOWN
+
+
+def test_peak_above_the_request_or_left_over_is_not_shown():
+    peak, freed = conclude_kv_peak(3800, 128, 1001, 40 / 1000, 0.01)
+    assert peak.verdict == NOT_SHOWN and "another request" in peak.text and freed.verdict == NOT_SHOWN
+
+
+def prefix(cold, warm):
+    rows = [{"round": i, "cache": c, "prompt_tokens": 2100, "ttft_ms": t, "ok": True}
+            for i, (a, b) in enumerate(zip(cold, warm)) for c, t in (("cold", a), ("warm", b))]
+    return pd.DataFrame(rows)
+
+
+def test_prefix_cache_verdicts_follow_the_numbers():
+    assert conclude_prefix_cache(prefix([900, 950, 920], [100, 110, 105]), 2048, 0.7).verdict == SHOWN
+    assert conclude_prefix_cache(prefix([300, 500, 400], [400, 350, 420]), 2048, 0.7).verdict == WITHIN_NOISE
+    slower = conclude_prefix_cache(prefix([100, 105, 100], [900, 950, 920]), 2048, 0.0)
+    assert slower.verdict == NOT_SHOWN and "enable-prefix-caching" in slower.text
+
+
+def test_agent_cache():
+    assert conclude_agent_cache(0.8, 5000, 6).verdict == SHOWN
+    assert conclude_agent_cache(0.0, 5000, 6).verdict == NOT_SHOWN
