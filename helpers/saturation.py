@@ -293,31 +293,35 @@ def lift_conclusion(cap: int, analysis: SweepAnalysis, small: dict[str, Any], la
     return Conclusion(text + f"; {why}.", verdict)
 
 
+def _missed_slos(run: dict[str, Any], slos: dict[str, float]) -> str:
+    """Which SLO the run's median request missed ("median TTFT 2,738 ms"), or that only its slower ones did."""
+    parts = [f"median TTFT {run['median_ttft_ms']:,.0f} ms" if run["median_ttft_ms"] > slos["ttft"] else "",
+             f"median TPOT {run['median_tpot_ms']:.1f} ms" if run["median_tpot_ms"] > slos["tpot"] else ""]
+    return " and ".join(p for p in parts if p) or "only its slower requests missed"
+
+
 def goodput_conclusion(slos: dict[str, float], small: dict[str, Any], large: dict[str, Any],
                        caps: tuple[int, int]) -> Conclusion:
     """Goodput (requests/s within both SLOs) at the top load, small cap vs raised cap (``summarize`` dicts
     made with ``slos``): the lesson expects the raised cap to serve more requests within the SLOs."""
     g_small, g_large = small.get("request_goodput") or 0.0, large.get("request_goodput") or 0.0
-    text = f"Goodput under TTFT <= {slos['ttft']:,.0f} ms and TPOT <= {slos['tpot']:.1f} ms at {large['concurrency']} users: " \
-           f"{g_small:.2f} -> {g_large:.2f} requests/s ({small.get('good_requests') or 0} of {small['completed']} vs " \
-           f"{large.get('good_requests') or 0} of {large['completed']} requests within both)"
+    text = (f"Goodput under TTFT <= {slos['ttft']:,.0f} ms and TPOT <= {slos['tpot']:.1f} ms at {large['concurrency']} "
+            f"users: {g_small:.2f} -> {g_large:.2f} requests/s ({small.get('good_requests') or 0} of {small['completed']} "
+            f"vs {large.get('good_requests') or 0} of {large['completed']} requests within both)")
     if g_small == 0 and g_large == 0:
-        def missed(s: dict[str, Any]) -> str:
-            parts = [f"median TTFT {s['median_ttft_ms']:,.0f} ms" if s["median_ttft_ms"] > slos["ttft"] else "",
-                     f"median TPOT {s['median_tpot_ms']:.1f} ms" if s["median_tpot_ms"] > slos["tpot"] else ""]
-            return " and ".join(p for p in parts if p) or "its slowest requests"
-        return Conclusion(text + f": no request met both SLOs with either cap (cap {caps[0]}: {missed(small)}; cap "
-                                 f"{caps[1]}: {missed(large)}), so this load is past what this machine serves within "
-                                 "them: nothing to compare.", WITHIN_NOISE)
+        return Conclusion(text + f": no request met both SLOs with either cap (cap {caps[0]}: {_missed_slos(small, slos)}; "
+                                 f"cap {caps[1]}: {_missed_slos(large, slos)}), so this load is past what this machine "
+                                 "serves within them: nothing to compare.", WITHIN_NOISE)
     v = compare_samples([g_small], [g_large], higher_is_better=True)
     verdict = _expected(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
     if verdict == SHOWN:
         return Conclusion(text + ": fewer requests stuck in the queue past the TTFT SLO.", SHOWN)
     if verdict == WITHIN_NOISE:
         return Conclusion(text + ": no measurable difference.", WITHIN_NOISE)
-    return Conclusion(text + f": the raised cap served fewer within the SLOs (its median TPOT "
-                             f"{large['median_tpot_ms']:.1f} ms vs SLO {slos['tpot']:.1f} ms): a bigger batch made "
-                             "each token slower than the SLO allows.", NOT_SHOWN)
+    return Conclusion(text + f": the raised cap served fewer within the SLOs ({_missed_slos(large, slos)} against "
+                             f"{slos['ttft']:,.0f} / {slos['tpot']:.1f} ms): with every request admitted at once, each "
+                             "one waits for the whole batch's prefill and shares each step with all the others.",
+                      NOT_SHOWN)
 
 
 def client_lag_conclusion(top: int, lag_p99_ms: float, ttft_ms: float) -> Conclusion:

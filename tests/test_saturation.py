@@ -193,7 +193,11 @@ def test_goodput_sentence_flips_with_the_numbers():
     more = goodput_conclusion(slos, top_run(700, 21000, 10, 0.2, 8), top_run(1000, 300, 15, 1.5, 60), (8, 64))
     assert more.verdict == SHOWN and "0.20 -> 1.50 requests/s" in more.text
     fewer = goodput_conclusion(slos, top_run(700, 300, 10, 1.5, 60), top_run(1000, 300, 45, 0.2, 8), (8, 64))
-    assert fewer.verdict == NOT_SHOWN and "served fewer" in fewer.text
+    assert fewer.verdict == NOT_SHOWN and "served fewer" in fewer.text and "median TPOT 45.0 ms against" in fewer.text
+    # the busy-machine run: the raised cap's median TPOT was within its SLO, its median TTFT was not
+    ttft_bound = goodput_conclusion({"ttft": 710.0, "tpot": 364.3}, top_run(34, 18875, 105, 0.07, 4, 32),
+                                    top_run(99, 2738, 284, 0.0, 0, 32), (4, 32))
+    assert ttft_bound.verdict == NOT_SHOWN and "(median TTFT 2,738 ms against" in ttft_bound.text
     none = goodput_conclusion(slos, top_run(700, 21000, 10), top_run(1000, 2700, 45), (8, 64))
     assert none.verdict == WITHIN_NOISE and "no request met both SLOs" in none.text
     assert "cap 8: median TTFT 21,000 ms" in none.text and "cap 64: median TTFT 2,700 ms and median TPOT 45.0 ms" in none.text
