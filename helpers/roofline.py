@@ -197,8 +197,10 @@ def decode_point(bound: DecodeBound, step_time_s: float | None = None, label: st
                          bound.flops_per_step / time_s)
 
 
-def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype: str = "bf16") -> "Figure":
-    """Log-log roofline of ``gpu`` (FLOP/s against FLOP/byte) with ``points`` on it."""
+def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype: str = "bf16",
+                  compute_label: str | None = None) -> "Figure":
+    """Log-log roofline of ``gpu`` (FLOP/s against FLOP/byte) with ``points`` on it; ``compute_label``
+    names what the compute ceiling was measured in (e.g. "FP32 matmul" for ``cpu_spec``), else the dtype."""
     import matplotlib.pyplot as plt
 
     peak = gpu.peak_flops(compute_dtype)
@@ -208,13 +210,13 @@ def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype:
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     ax.loglog(grid, [min(peak, x * gpu.bandwidth_bytes_per_s) / 1e12 for x in grid], color="black",
-              label=f"{gpu.name} roof ({compute_dtype})")
+              label=f"{gpu.name} roof (compute: {compute_label or compute_dtype.upper()})")
     ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.0f} FLOP/byte")
     for p in points:
         ax.loglog([p.flop_per_byte], [p.flops_per_s / 1e12], "o")
         ax.annotate(p.label, (p.flop_per_byte, p.flops_per_s / 1e12), textcoords="offset points", xytext=(4, 4))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("TFLOP/s")
+    ax.set_ylabel(f"TFLOP/s ({compute_label or compute_dtype.upper()})")
     ax.legend(loc="lower right")
     return fig
 

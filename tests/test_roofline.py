@@ -114,3 +114,13 @@ def test_plots_return_figures() -> None:
     assert len(fig2.axes[0].lines) == 4
     plt.close(fig)
     plt.close(fig2)
+
+
+def test_cpu_roof_is_labelled_with_the_dtype_it_was_measured_in():
+    import matplotlib.pyplot as plt
+
+    spec = roofline.cpu_spec(20.0, 0.5, memory_bytes=2**34)
+    fig = roofline.plot_roofline(spec, compute_label="FP32 matmul, measured")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("FP32 matmul" in label for label in labels) and "FP32" in fig.axes[0].get_ylabel()
+    plt.close(fig)

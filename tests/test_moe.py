@@ -1,0 +1,43 @@
+"""Dense vs MoE conclusions: fed runs that agree with the lesson, and the implausible 332 vs 28 tok/s."""
+
+import pandas as pd
+
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.moe import conclude_dense_vs_moe, conclude_roofline_fit, decode_table, moe_gpu_caveat
+
+
+def runs(dense, moe, batch=4, mbu=0.01):
+    rows = [{"model": m, "batch": batch, "run": i, "decode_tok_s": v, "mbu": mbu, "roofline_ceiling_tok_s": 5000.0}
+            for m, values in (("tiny-agent", dense), ("tiny-moe", moe)) for i, v in enumerate(values)]
+    return pd.DataFrame(rows)
+
+
+def test_no_difference_or_slower_moe_is_shown():
+    assert conclude_dense_vs_moe(runs([300, 310], [305, 300]), "tiny-agent", "tiny-moe")[0].verdict == SHOWN
+    slower = conclude_dense_vs_moe(runs([300, 305], [200, 205]), "tiny-agent", "tiny-moe")[0]
+    assert slower.verdict == SHOWN and "routing" in slower.text
+
+
+def test_a_tenfold_moe_is_called_implausible():
+    c = conclude_dense_vs_moe(runs([28, 29], [332, 330]), "tiny-agent", "tiny-moe", quiet=False)[0]
+    assert c.verdict == NOT_SHOWN and "implausible" in c.text and "machine was busy" in c.text
+    assert "batch 4: tiny-moe 331 tok/s vs tiny-agent 28 tok/s" in c.text
+
+
+def test_a_modestly_faster_moe_is_read_as_noise():
+    c = conclude_dense_vs_moe(runs([300, 302], [360, 362]), "tiny-agent", "tiny-moe")[0]
+    assert c.verdict == WITHIN_NOISE
+
+
+def test_roofline_fit_and_the_gpu_caveat():
+    assert conclude_roofline_fit(runs([300, 300], [300, 300], mbu=0.02), 20.0).verdict == SHOWN
+    assert conclude_roofline_fit(runs([300, 300], [300, 300], mbu=0.8), 20.0).verdict == NOT_SHOWN
+    caveat = moe_gpu_caveat("Qwen3-4B", "Qwen3-30B-A3B", 8.0, 6.6, "H100 SXM", 3350)
+    assert caveat.text.startswith("On a GPU (computed from the published configs") and "not measured here" in caveat.text
+    assert decode_table(runs([1, 3], [2, 4]))["decode_tok_s"].tolist() == [2, 3]
+
+
+def test_runs_that_disagree_among_themselves_compare_nothing():
+    # the busy-machine run: batch 1 dense 33 tok/s, MoE 3 tok/s, the runs of a model +/-131% apart
+    c = conclude_dense_vs_moe(runs([10, 56], [3, 3.3]), "tiny-agent", "tiny-moe", quiet=False)[0]
+    assert c.verdict == WITHIN_NOISE and "too noisy to compare" in c.text and "no measurable difference" not in c.text
