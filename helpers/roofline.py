@@ -1,6 +1,7 @@
 """Roofline: the ceilings memory bandwidth and compute put on decode and prefill, and MoE weight reads.
 
-Formulas: shared/reference/model-math.md ("Roofline"). Bytes in bytes, bandwidth in GB/s (1e9 B/s),
+Formulas: the roofline model (Williams, Waterman and Patterson, "Roofline: an insightful visual performance
+model for multicore architectures", CACM 52(4), 2009). Bytes in bytes, bandwidth in GB/s (1e9 B/s),
 throughput in FLOP/s unless a name says TFLOP/s. Plot functions take results and return a Figure.
 """
 

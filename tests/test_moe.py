@@ -41,3 +41,13 @@ def test_runs_that_disagree_among_themselves_compare_nothing():
     # the busy-machine run: batch 1 dense 33 tok/s, MoE 3 tok/s, the runs of a model +/-131% apart
     c = conclude_dense_vs_moe(runs([10, 56], [3, 3.3]), "tiny-agent", "tiny-moe", quiet=False)[0]
     assert c.verdict == WITHIN_NOISE and "too noisy to compare" in c.text and "no measurable difference" not in c.text
+
+
+def test_paper_conclusion_says_whether_the_advantage_is_gone():
+    from helpers.moe import conclude_moe_on_paper
+
+    paper = {"dense": {"total_params_B": 4.0, "bytes_read_batch1_GB": 8.0},
+             "moe": {"total_params_B": 30.5, "active_params_B": 3.3, "bytes_read_batch1_GB": 6.7, "bf16_weights_GB": 61.0}}
+    gone = conclude_moe_on_paper("dense", "moe", paper, 64, 126, 128, 60.1)[1]
+    kept = conclude_moe_on_paper("dense", "moe", paper, 2, 4, 128, 8.0)[1]
+    assert "mostly gone" in gone.text and "still there" in kept.text
