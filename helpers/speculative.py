@@ -128,7 +128,10 @@ def speedups(table: pd.DataFrame, baseline: str = BASELINE, k: dict[str, int] | 
 
     ``step_cost_x``: a speculative step's time in plain decode steps (TPOT x tokens per step / baseline
     TPOT); ``draft_cost_x``: the part above one step spread over the k guesses (``k``: guesses per method),
-    about what one draft token (and its share of the wider verification) costs next to a target step."""
+    about what one draft token (and its share of the wider verification) costs next to a target step.
+    ``consistent``: False when a speculative step measured cheaper than a plain one beyond the noise, which
+    no machine does (a draft step and a verification cost at least one step): the baseline's runs were
+    slowed by something else, and the ratio says nothing about speculation."""
     rows = []
     for (config, c), group in table[table.config != baseline].groupby(["config", "concurrency"], sort=False):
         base = table[(table.config == baseline) & (table.concurrency == c)]
@@ -137,13 +140,14 @@ def speedups(table: pd.DataFrame, baseline: str = BASELINE, k: dict[str, int] | 
         length = _mean(group.mean_acceptance_length) or 1.0
         step_cost = tpot * length / base_tpot if base_tpot and tpot else None
         guesses = (k or {}).get(config)
+        consistent = step_cost is None or verdict.noise_rel != verdict.noise_rel or step_cost >= 1 - verdict.noise_rel
         rows.append({"config": config, "concurrency": c, "output_tok_s": verdict.mean_b, "baseline_tok_s": verdict.mean_a,
                      "speedup": verdict.ratio, "verdict": verdict.label, "noise_rel": verdict.noise_rel,
                      "verdict_detail": verdict.describe(), "acceptance_rate": _mean(group.acceptance_rate),
                      "mean_acceptance_length": length, "tokens_per_chunk": _mean(group.tokens_per_chunk),
                      "baseline_tpot_ms": base_tpot, "mean_tpot_ms": tpot, "step_cost_x": step_cost,
-                     "draft_cost_x": None if step_cost is None or not guesses else (step_cost - 1) / guesses,
-                     "_verdict": verdict})
+                     "draft_cost_x": None if step_cost is None or not guesses else max(0.0, step_cost - 1) / guesses,
+                     "consistent": consistent, "_verdict": verdict})
     return pd.DataFrame(rows)
 
 
@@ -173,6 +177,13 @@ def method_conclusion(row: dict[str, Any], expect: str | None = None, regressed:
             f"{row['baseline_tok_s']:.0f} output tok/s = {verdict.describe()}; acceptance {_pct(row['acceptance_rate'])}, "
             f"{row['mean_acceptance_length']:.2f} tokens per step, TPOT {row['baseline_tpot_ms']:.1f} -> "
             f"{row['mean_tpot_ms']:.1f} ms")
+    if not row.get("consistent", True):
+        quality = f"; eval regressed in {', '.join(regressed)}" if regressed else ""
+        return Conclusion(f"{head}. Not a measurement of speculation: a speculative step measured "
+                          f"{row['step_cost_x']:.1f}x a plain step, and no step with a draft and a verification is "
+                          "cheaper than a plain one, so the baseline's runs were slowed by something else (a busy "
+                          f"machine); re-run on a quiet machine, with REPEATS >= 2{quality}.",
+                          "" if expect is None else WITHIN_NOISE)
     if verdict.label == BETTER:
         tail = f"faster: {row['mean_acceptance_length']:.2f} tokens per step outweighed the step's cost"
         if row.get("step_cost_x") is not None:
@@ -192,6 +203,9 @@ def trend_conclusion(name: str, low: dict[str, Any], high: dict[str, Any]) -> Co
     """Does the speed-up shrink from the lowest to the highest concurrency (``speedups`` rows)? On a GPU it
     does: a bigger batch already uses the weights each step reads, leaving less for speculation to win."""
     lo, hi = low["speedup"], high["speedup"]
+    if not (low.get("consistent", True) and high.get("consistent", True)):
+        return Conclusion(f"{name}: no trend with concurrency can be read: the step times above are inconsistent "
+                          "(a busy machine slowed the baseline's runs).", WITHIN_NOISE)
     noise = max(low["noise_rel"], high["noise_rel"])
     where = f"{name}: {lo:.2f}x at concurrency {low['concurrency']} -> {hi:.2f}x at {high['concurrency']}"
     if lo != lo or hi != hi:
@@ -259,7 +273,7 @@ def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float]) -> Conclusio
 
 def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Conclusion:
     """CPU vs GPU: why a CPU number says little about speculative decoding on a GPU (``draft_cost_x`` measured)."""
-    measured = (f" Here each guessed token cost about {draft_cost_x:.2f} of a target step." if draft_cost_x is not None
+    measured = (f" Here each guessed token cost about {draft_cost_x:.2f} of a target step." if draft_cost_x
                 and draft_cost_x == draft_cost_x else "")
     if profile == "cpu":
         return Conclusion("CPU vs GPU: on a CPU a decode step is mostly fixed work (Python, scheduling, small matrix "
@@ -311,6 +325,6 @@ def speculation_conclusions(runs: pd.DataFrame, table: pd.DataFrame, aligned: st
     if k_rows is not None and len(k_rows):
         base = runs[(runs.config == BASELINE) & (runs.concurrency == lowest)].output_tok_s.tolist()
         out.append(k_conclusion(k_rows, base))
-    low = table[(table.config == aligned) & (table.concurrency == lowest)]
+    low = table[(table.config == aligned) & (table.concurrency == lowest) & table.consistent]
     out.append(speculation_caveat(profile, low.draft_cost_x.iloc[0] if len(low) else None))
     return out

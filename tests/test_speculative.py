@@ -129,3 +129,17 @@ def test_the_summary_covers_every_method_the_trend_acceptance_k_and_the_caveat()
     assert out[1].verdict == SHOWN and "misaligned, concurrency 1" in texts[1]  # slower, as expected
     assert "0.41x at concurrency 1 -> 0.59x at 8" in texts[4] and "shrinks" not in texts[4]  # the busy-machine bug
     assert texts[-1].startswith("CPU vs GPU:")
+
+
+def test_a_speculative_step_cheaper_than_a_plain_one_reads_as_a_busy_machine_not_a_speed_up():
+    # the busy-machine run: the misaligned draft (nothing accepted) "1.68x faster", its step 0.3x a plain step
+    row = speedups(runs([11.6], [19.5], base_tpot=190.6, spec_tpot=65.2, acceptance=0.0, length=1.0),
+                   k={ALIGNED: 3}).iloc[0].to_dict()
+    assert not row["consistent"] and row["draft_cost_x"] == 0.0
+    c = method_conclusion(row, expect="worse")
+    assert c.verdict == WITHIN_NOISE and "Not a measurement of speculation" in c.text and "faster" not in c.text
+    trend = trend_conclusion("misaligned", {**_row(1, 0.81, step=1.2), "consistent": True},
+                             {**_row(4, 1.68, step=0.34), "consistent": False})
+    assert trend.verdict == WITHIN_NOISE and "no trend" in trend.text
+    honest = speedups(runs([100], [80], spec_tpot=12.5, acceptance=0.0, length=1.0)).iloc[0].to_dict()
+    assert honest["consistent"] and method_conclusion(honest, expect="worse").verdict == SHOWN
