@@ -12,6 +12,7 @@ from pathlib import Path
 from helpers import bench_cli, planner_cli, provision_cli
 from helpers import eval_cli
 from helpers.engine import EngineError, LocalEngine, make_engine
+from helpers.machine import MachineError
 from helpers.session import EndpointError, check_endpoint, connect
 from helpers.settings import SettingsError, load_settings
 
@@ -98,6 +99,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_machine(args: argparse.Namespace) -> int:
+    """This machine's CPU kind, memory and what vLLM's CPU build can do on it; is it quiet now?"""
+    from helpers import machine
+
+    settings = load_settings()
+    facts = {**machine.describe(), "features": machine.capability_table(settings.profile)}
+    quiet = machine.check_quiet(sample_s=args.sample)
+    facts["quiet"] = {"quiet": quiet.quiet, "warnings": quiet.warnings, "busy_share": round(quiet.busy_share, 3),
+                      "steal_share": round(quiet.steal_share, 3), "load_1m": quiet.load_1m,
+                      "loop_lag_p99_ms": round(quiet.loop_lag_p99_ms, 2), "other_vllm": quiet.other_vllm}
+    if args.json:
+        print(json.dumps(facts, indent=1))
+        return 0
+    for key in ("cpu", "arch", "cores", "memory_gib", "isa", "vector_flags"):
+        print(f"{key:>13}: {facts[key]}")
+    for row in facts["features"]:
+        print(f"{row['feature']:>13}: {'yes' if row['available'] else 'NO '}  {row['why']}")
+    print(quiet.message())
+    return 0
+
+
 SIBLING_STEPS = {"moe": 250, "draft": 1200, "draft-untrained": 0}
 
 
@@ -163,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", default=None, help="write per-case rows here")
     p.add_argument("--json", default=None, help="write the summary here")
     p.set_defaults(func=cmd_heldout)
+    p = sub.add_parser("machine", help=cmd_machine.__doc__)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--sample", type=float, default=1.0, help="seconds of the quiet-machine sample")
+    p.set_defaults(func=cmd_machine)
     bench_cli.register(sub)  # bench, metrics
     planner_cli.register(sub)  # memory, gpus
     provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
@@ -178,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args.jupyter_args = extra if args.command == "lab" else []
     try:
         return args.func(args)
-    except (SettingsError, EngineError, EndpointError) as err:
+    except (SettingsError, EngineError, EndpointError, MachineError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,8 +2,8 @@
 the run-to-run spread.
 
 A difference smaller than the spread of the repeats is "no measurable difference", never a win or a
-loss. With a single run of each side the spread is unknown: the verdict then assumes
-``SINGLE_RUN_NOISE_REL`` and says so.
+loss. With a single run on a side its spread is unknown: the verdict then takes the larger of
+``SINGLE_RUN_NOISE_REL`` and the other side's measured spread, and says so.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def compare_samples(a: Sequence[float | None], b: Sequence[float | None], higher
         return Verdict(UNKNOWN, float("nan"), float("nan"), float("nan"), float("nan"), len(a), len(b), False)
     mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
     measured = len(a) >= 2 and len(b) >= 2
-    noise = max(relative_spread(a), relative_spread(b)) if measured else single_run_noise_rel
+    spread = max(relative_spread(a), relative_spread(b))  # a side with one run contributes 0
+    noise = spread if measured else max(spread, single_run_noise_rel)
     ratio = mean_b / mean_a
     if abs(ratio - 1) <= noise:
         label = SAME

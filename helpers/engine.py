@@ -436,12 +436,13 @@ class LocalEngine(Engine):
             self.wait_ready(timeout_s)
         except EngineError as err:
             excerpt = getattr(err, "log_excerpt", "")
+            reason = str(err).split("\n--- engine log", 1)[0]
             self.stop()
             if previous and previous != config.to_json():
                 self._spawn(EngineConfig.from_json(previous))
                 self.wait_ready(timeout_s)
-                raise EngineStartError(f"The new configuration failed; the engine is back on the last good one "
-                                       f"({' '.join(previous['args'])}).", excerpt) from None
+                raise EngineStartError(f"The new configuration failed ({reason}); the engine is back on the last good "
+                                       f"one ({' '.join(previous['args'])}).", excerpt) from None
             raise
         state = self._load()
         state.last_good = config.to_json()

@@ -49,3 +49,14 @@ def test_other_commands_refuse_unknown_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["status", "--bogus"])
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_machine_reports_the_forced_kind_and_what_it_cannot_do(capsys, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx2")
+    assert main(["machine", "--json", "--sample", "0.2"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["isa"].startswith("AVX2 (forced")
+    assert {f["feature"]: f["available"] for f in facts["features"]} == {"fp8_kv_cache": False, "int4_weights": False}
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "sse4")
+    assert main(["machine"]) == 2
+    assert "use avx2, avx512 or amx" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import pytest
 from safetensors import safe_open
 
 from helpers.engine import LocalEngine
+from helpers.machine import capability, model_feature
 from helpers.session import connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings, models_dir
 
@@ -129,6 +130,9 @@ VLLM_METHOD = {"tiny-agent-gptq-int4": "auto_gptq"}
 @pytest.mark.engine
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_loads_and_serves_on_vllm_cpu(name, tmp_path, monkeypatch):
+    need = model_feature(_dir(name))
+    if need and not capability(need).ok:  # e.g. the int4 kernel on an AVX2-only CPU: tests/test_forced_cpu_kind.py
+        pytest.skip(f"{name}: {capability(need).reason}")
     for variable in CONTRACT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("WORKSHOP_PORT", ENGINE_PORT)

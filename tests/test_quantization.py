@@ -1,0 +1,52 @@
+"""Notebook 05's judgement, fed numbers that go both ways."""
+
+from __future__ import annotations
+
+from helpers.quantization import conclusions, skip_reason
+from helpers.settings import models_dir
+
+SPEED = "c8_output_tok_s"
+
+
+def row(config, speed, kv=524288, size=9.0, pass_rate=0.8):
+    return {"config": config, SPEED: speed, "kv_capacity_tokens": kv, "size_on_disk_mb": size,
+            "all_pass_rate": pass_rate, "all_ci_low": pass_rate - 0.1, "all_ci_high": min(1.0, pass_rate + 0.1)}
+
+
+def test_a_variant_within_the_baselines_spread_is_no_faster_and_the_cpu_reason_is_given():
+    lines = conclusions([row("bf16", 1000), row("w8a8", 1040, size=5.0)], [1000, 950], SPEED, {}, {}, "cpu")
+    text = "\n".join(lines)
+    assert "- w8a8: 5.0 MB on disk (0.56x)" in text and "no measurable difference" in text
+    assert "No configuration was measurably faster" in text and "fixed per-step costs" in text
+    assert "--kv-cache-memory-bytes" in text
+
+
+def test_a_variant_beyond_the_spread_is_called_faster_and_a_regression_is_named():
+    lines = conclusions([row("bf16", 1000), row("w8a8", 1400, pass_rate=0.5)], [1000, 990], SPEED,
+                        {"w8a8": ["tool_call"]}, {}, "gpu")
+    text = "\n".join(lines)
+    assert "Faster than the baseline beyond its noise: w8a8." in text
+    assert "regressed in tool_call" in text
+    assert "No configuration was measurably faster" not in text and "--kv-cache-memory-bytes" not in text
+
+
+def test_slower_variants_are_named_and_kv_growth_is_reported_as_measured():
+    lines = conclusions([row("bf16", 1000), row("kv-cache fp8", 600, kv=1048576)], [1000, 1010], SPEED, {}, {}, "cpu")
+    text = "\n".join(lines)
+    assert "(kv-cache fp8 slower)" in text and ": worse;" in text
+    assert "kv-cache fp8 holds 2.00x the baseline's KV tokens" in text
+
+
+def test_skipped_configurations_say_why():
+    text = "\n".join(conclusions([row("bf16", 1000)], [1000], SPEED, {}, {"w4a16": "This step needs AVX-512."}, "cpu"))
+    assert "- w4a16: skipped. This step needs AVX-512." in text
+
+
+def test_skip_reason_follows_the_cpu_kind(monkeypatch):
+    w4 = models_dir() / "tiny-agent-w4a16"
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx2")
+    assert "AVX-512" in skip_reason("cpu", w4) and "AVX-512 or AMX" in skip_reason("cpu", kv_cache_dtype="fp8")
+    assert skip_reason("cpu", models_dir() / "tiny-agent-w8a8") is None
+    assert skip_reason("k8s", w4) is None  # the engine is elsewhere
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx512")
+    assert skip_reason("cpu", w4) is None and skip_reason("cpu", kv_cache_dtype="fp8") is None
