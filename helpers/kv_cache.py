@@ -71,8 +71,11 @@ def conclude_prefix_cache(requests: pd.DataFrame, prefix_tokens: int, hit_rate: 
     if verdict.label == BETTER:
         return Conclusion(text + ".", SHOWN, expectation)
     if verdict.label == SAME:
-        return Conclusion(text + ": the saving is within the run-to-run spread (the prefix is too short to cost much "
-                          "to prefill here, or the machine was noisy).", WITHIN_NOISE, expectation)
+        why = (f"warm was faster on average, but the rounds differ by +/-{verdict.noise_rel:.0%} among themselves, so "
+               "this run cannot tell (a noisy machine: raise PREFIX_ROUNDS or rerun when it is quiet)"
+               if verdict.ratio < 1 - 0.1 else
+               "no saving beyond the run-to-run spread (a prefix this short costs little to prefill here)")
+        return Conclusion(f"{text}: {why}.", WITHIN_NOISE, expectation)
     reason = ("no prompt token came from the cache: is --enable-prefix-caching off?" if hit_rate == 0 else
               "the cache was hit, yet warm requests were slower: something else held them up (a busy machine)")
     return Conclusion(f"{text}: {reason}", NOT_SHOWN, expectation)

@@ -30,7 +30,7 @@ def measure_decode(lab: Any, models: list[str], batches: list[int], input_len: i
     ``bandwidth_gb_s``. The engine goes back to the model it served before."""
     from helpers import roofline
     from helpers.bench_results import summarize
-    from helpers.loadgen import Load, Workload, run_load
+    from helpers.loadgen import Load, Workload, prompt_factory, run_load
     from helpers.memory import count_params, kv_cache_bytes
     from helpers.server_metrics import scrape, window
     from helpers.settings import models_dir
@@ -43,13 +43,15 @@ def measure_decode(lab: Any, models: list[str], batches: list[int], input_len: i
                 lab.engine.switch_model(name)
             counts = count_params(models_dir() / name)
             kv_per_token = kv_cache_bytes(models_dir() / name).bytes_per_token
+            prompts = prompt_factory(lab.settings, lab.model)  # calibrated once per model, salted per run
             rows = []
             for b in batches:
                 for repeat in range(max(1, repeats)):
                     before = scrape(lab.settings.metrics_url)
                     s = summarize(run_load(lab.settings, Workload(input_len=input_len, output_len=output_len),
                                            Load(concurrency=b, num_requests=b * requests_per_stream,
-                                                warmup_requests=b if repeat == 0 else 0), model=lab.model))
+                                                warmup_requests=b if repeat == 0 else 0),
+                                           model=lab.model, prompts=prompts))
                     step_s = window(before, scrape(lab.settings.metrics_url))["itl_mean_s"]
                     step_bytes = roofline.moe_bytes_per_step(counts, b) + b * (input_len + output_len // 2) * kv_per_token
                     rows.append({"model": name, "batch": b, "run": repeat, "total_params_M": counts.total / 1e6,

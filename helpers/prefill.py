@@ -24,9 +24,10 @@ def measure_prefill_decode(settings: Any, prompt_lengths: list[int], decode_toke
     """One row per request (``repeats`` per prompt length, lengths interleaved, after one warm-up):
     target length, prompt tokens the server counted, TTFT and TPOT in ms."""
     from helpers.bench_results import requests_frame
-    from helpers.loadgen import Load, Workload, run_load
+    from helpers.loadgen import Load, Workload, prompt_factory, run_load
 
-    kwargs = {"model": model} if model else {}
+    # calibrated once; every run still gets unique prompts (run_load salts each run)
+    kwargs = {"model": model or settings.model, "prompts": prompt_factory(settings, model)}
 
     def one(n: int, warmup: int = 0):
         return lambda: requests_frame(run_load(settings, Workload(input_len=n, output_len=decode_tokens),

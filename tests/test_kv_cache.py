@@ -33,3 +33,10 @@ def test_prefix_cache_verdicts_follow_the_numbers():
 def test_agent_cache():
     assert conclude_agent_cache(0.8, 5000, 6).verdict == SHOWN
     assert conclude_agent_cache(0.0, 5000, 6).verdict == NOT_SHOWN
+
+
+def test_a_noisy_saving_says_the_run_cannot_tell():
+    c = conclude_prefix_cache(prefix([400, 5000, 700], [400, 420, 410]), 2048, 0.5)
+    assert c.verdict == WITHIN_NOISE and "this run cannot tell" in c.text
+    flat = conclude_prefix_cache(prefix([300, 500, 400], [400, 350, 420]), 2048, 0.5)
+    assert "no saving beyond the run-to-run spread" in flat.text
