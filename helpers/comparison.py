@@ -41,10 +41,11 @@ class Verdict:
         return self.label in (BETTER, WORSE)
 
     def describe(self) -> str:
-        """'1.32x (noise +/-8%, 3 runs each)' or '... assumed noise +/-10%, one run each'."""
+        """'1.32x (noise +/-8%, 3 and 3 runs)', or with a single run on a side, the assumed floor named."""
         if self.label == UNKNOWN:
             return "not measured"
-        runs = f"{min(self.n_a, self.n_b)} runs each" if self.spread_measured else "one run, noise assumed"
+        runs = (f"{self.n_a} and {self.n_b} runs" if self.spread_measured else
+                f"{self.n_a} and {self.n_b} run(s): a side ran once, so at least the assumed {SINGLE_RUN_NOISE_REL:.0%}")
         return f"{self.ratio:.2f}x (noise +/-{self.noise_rel:.0%}, {runs})"
 
 

@@ -18,13 +18,13 @@ def test_a_difference_within_the_spread_is_no_measurable_difference():
     v = compare_samples([100, 130, 90], [110, 105, 120])  # +10% of means, but A alone ranged 40%
     assert v.label == SAME and not v.shown
     assert v.noise_rel == pytest.approx(max(relative_spread([100, 130, 90]), relative_spread([110, 105, 120])))
-    assert "runs each" in v.describe()
+    assert v.describe() == "1.05x (noise +/-38%, 3 and 3 runs)"
 
 
 def test_one_run_a_side_assumes_the_documented_noise_and_says_so():
     assert compare_samples([100], [108]).label == SAME
     v = compare_samples([100], [150])
-    assert v.label == BETTER and not v.spread_measured and "noise assumed" in v.describe()
+    assert v.label == BETTER and not v.spread_measured and "a side ran once, so at least the assumed 10%" in v.describe()
     wide = compare_samples([100, 140], [125])  # the baseline's own repeats spread 33%: +4% is within it
     assert wide.label == SAME and wide.noise_rel == pytest.approx(40 / 120)
 
