@@ -1,6 +1,6 @@
 """A streaming load generator for an OpenAI-compatible chat endpoint (vLLM first).
 
-What it does, in the words of ../shared/reference/measurement.md:
+What it does (the terms of vLLM's own `vllm bench serve`, vllm/benchmarks/serve.py):
 - closed loop (``Load(concurrency=C)``: C users, each sends its next request when the last one ends) or
   open loop (``Load(rate=R)``: Poisson arrivals at R req/s, gamma-distributed gaps with ``burstiness``
   != 1, an optional ``max_concurrency`` cap); sweeps over concurrencies or rates (``run_sweep``);

