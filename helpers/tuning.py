@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from helpers.comparison import BETTER, SAME, WORSE, compare_samples, relative_spread
+from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples, relative_spread
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.engine import EngineConfig
 from helpers.settings import GPU_MODEL, Settings, models_dir
@@ -34,11 +34,14 @@ class Rule:
     min_gain: float = 0.03  # relative: the noise margin a change must beat
     slo_x: float | None = None  # max_latency_ms = slo_x times the baseline's latency (relative_rule)
     baseline_spread: float | None = None  # the baseline's run-to-run spread (relative), when repeated
+    noise_assumed: bool = False  # one baseline run: min_gain includes the assumed single-run noise
 
     def describe(self) -> str:
         """The rule in one sentence, with this machine's thresholds."""
         margin = f"more than {self.min_gain:.0%}"
-        if self.baseline_spread is not None:
+        if self.noise_assumed:
+            margin += " (one run per configuration: the run-to-run noise is assumed; REPEATS >= 2 measures it)"
+        elif self.baseline_spread is not None:
             margin += f" (the larger of the chosen margin and the baseline's run-to-run spread {self.baseline_spread:.0%})"
         text = f"keep a change if {self.speed} improves by {margin}, or holds within it while adding KV capacity"
         if self.latency and self.max_latency_ms is not None:
@@ -52,13 +55,15 @@ class Rule:
 def relative_rule(baseline: dict[str, Any], speed: str, latency: str | None = None, min_gain: float = 0.03,
                   slo_x: float = 1.5) -> Rule:
     """A rule with this machine's thresholds: latency SLO = ``slo_x`` times the baseline row's ``latency``;
-    noise margin = the larger of ``min_gain`` and the spread of the baseline's repeated ``speed`` runs."""
+    noise margin = the larger of ``min_gain`` and the spread of the baseline's repeated ``speed`` runs (with a
+    single run, of ``min_gain`` and the assumed ``SINGLE_RUN_NOISE_REL``)."""
     runs = _runs(baseline, speed)
     spread = relative_spread(runs) if len(runs) >= 2 else None
     base_latency = baseline.get(latency) if latency else None
     return Rule(speed=speed, latency=latency, max_latency_ms=None if base_latency is None else slo_x * base_latency,
-                min_gain=max(min_gain, spread or 0.0), slo_x=slo_x if base_latency is not None else None,
-                baseline_spread=spread)
+                min_gain=max(min_gain, SINGLE_RUN_NOISE_REL if spread is None else spread),
+                slo_x=slo_x if base_latency is not None else None, baseline_spread=spread,
+                noise_assumed=spread is None)
 
 
 def _runs(row: dict[str, Any], column: str) -> list[float]:

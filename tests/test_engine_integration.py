@@ -201,7 +201,7 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
 
 def test_notebook_08_tunes_three_flags_and_writes_the_result(lab, tmp_path):
     run = run_notebook(REPO_ROOT / "notebooks" / "08_tuning_and_evaluation.ipynb", tmp_path,
-                       parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 2,
+                       parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1,
                                    "CANDIDATES": [["--max-num-seqs", 16], "MEMORY", ["--kv-cache-dtype", "fp8"]]})
     text = _printed(run)
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)

@@ -70,6 +70,12 @@ def test_the_slo_and_the_margin_come_from_the_baseline():
     assert decide(slow, gained, rule).keep  # +8%: kept, where a fixed 2,000 ms SLO rolled back everything
     quiet = relative_rule({**slow, "c16_output_tok_s_runs": [185.0, 185.5]}, "c16_output_tok_s", "c16_p90_ttft_ms")
     assert quiet.min_gain == 0.03
+    # one baseline run: the spread is unknown, the single-run noise is assumed and the rule says so
+    single = {**slow, "c16_output_tok_s_runs": [185.0]}
+    once = relative_rule(single, "c16_output_tok_s", "c16_p90_ttft_ms")
+    assert once.min_gain == 0.10 and "noise is assumed" in once.describe()
+    plus_4pct = decide(single, {**slow, "c16_output_tok_s": 193.0, "c16_output_tok_s_runs": [193.0]}, once)
+    assert not plus_4pct.keep and plus_4pct.speed_label == "no measurable difference"
 
 
 def test_a_gain_inside_the_repeats_spread_is_no_measurable_difference():
