@@ -272,18 +272,27 @@ def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float]) -> Conclusio
 
 
 def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Conclusion:
-    """CPU vs GPU: why a CPU number says little about speculative decoding on a GPU (``draft_cost_x`` measured)."""
-    measured = (f" Here each guessed token cost about {draft_cost_x:.2f} of a target step." if draft_cost_x
-                and draft_cost_x == draft_cost_x else "")
-    if profile == "cpu":
-        return Conclusion("CPU vs GPU: on a CPU a decode step is mostly fixed work (Python, scheduling, small matrix "
-                          "products on 2 cores), so a step of the tiny draft costs about as much as a step of the tiny "
-                          "target, and k guesses cost about k target steps: speculation rarely pays here." + measured +
-                          " On a GPU decode is memory-bound: verifying k tokens costs about one step (the weights are "
-                          "read once) and a draft about 10x smaller costs a fraction of one, so the same acceptance "
-                          "gives a real speed-up at low concurrency.")
-    return Conclusion("GPU: decode is memory-bound, so verifying k tokens costs about one step; the speed-up is "
-                      "largest at low concurrency and shrinks as the batch grows." + measured)
+    """CPU vs GPU: why a CPU number says little about speculative decoding on a GPU; ``draft_cost_x`` (one guessed
+    token's cost in target steps, measured) decides which way the CPU sentence goes."""
+    gpu = ("On a GPU decode is memory-bound: verifying k tokens costs about one step (the weights are read once) "
+           "and a draft about 10x smaller costs a fraction of one, so good acceptance gives a real speed-up at low "
+           "concurrency.")
+    if profile != "cpu":
+        return Conclusion("GPU: " + gpu + (f" Here each guessed token cost about {draft_cost_x:.2f} of a target step."
+                                           if draft_cost_x is not None and draft_cost_x == draft_cost_x else ""))
+    fixed = ("on a CPU much of a decode step is fixed work (Python, scheduling, small matrix products on a few "
+             "cores)")
+    if draft_cost_x is None or draft_cost_x != draft_cost_x:
+        return Conclusion(f"CPU vs GPU: {fixed}, so even a small draft's step costs nearly as much as the target's; "
+                          f"k guesses then cost about k target steps and speculation rarely pays. {gpu}")
+    if draft_cost_x >= 0.5:
+        return Conclusion(f"CPU vs GPU: here each guessed token cost about {draft_cost_x:.2f} of a target step: {fixed}, "
+                          f"so a small draft's step costs nearly as much as the target's, k guesses cost about k target "
+                          f"steps and speculation rarely pays. {gpu}")
+    return Conclusion(f"CPU vs GPU: here each guessed token cost only {draft_cost_x:.2f} of a target step (this draft is "
+                      f"far smaller than the target), so speculation could pay even on this CPU. With a draft nearer the "
+                      f"target's size it would not: {fixed}, so such a draft's step costs nearly as much as a target "
+                      f"step. {gpu}")
 
 
 def mean_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -102,8 +102,11 @@ def test_more_guesses_pay_only_while_accepted():
 
 
 def test_the_cpu_caveat_is_labelled_and_carries_the_measured_draft_cost():
-    text = speculation_caveat("cpu", draft_cost_x=0.9).text
-    assert text.startswith("CPU vs GPU:") and "about 0.90 of a target step" in text
+    costly = speculation_caveat("cpu", draft_cost_x=0.9).text
+    assert costly.startswith("CPU vs GPU:") and "about 0.90 of a target step" in costly and "rarely pays" in costly
+    # a draft measured far cheaper than the target: the sentence must not claim it costs as much
+    cheap = speculation_caveat("cpu", draft_cost_x=0.08).text
+    assert "only 0.08 of a target step" in cheap and "rarely pays" not in cheap and "could pay even on this CPU" in cheap
     assert speculation_caveat("gpu").text.startswith("GPU:")
 
 
