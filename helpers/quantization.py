@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.comparison import BETTER, SAME, WORSE, compare_samples
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.machine import capability, model_feature
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
@@ -60,17 +61,21 @@ def conclusions(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[flo
 
 def _overall(faster: list[str], slower: list[str], same: list[str], kv_grown: list[tuple[str, float]],
              profile: str) -> list[str]:
-    out = []
+    out: list[str] = []
+    expectation = "fewer bits per weight decode faster"
     if faster:
-        out.append(f"- Faster than the baseline beyond its noise: {', '.join(faster)}.")
+        out.append(str(Conclusion(f"Faster than the baseline beyond its noise: {', '.join(faster)}.", SHOWN,
+                                  expectation)))
     if not faster and (same or slower):
-        out.append("- No configuration was measurably faster than the baseline here"
+        out.append(str(Conclusion(
+                   "No configuration was measurably faster than the baseline here"
                    + (f" ({', '.join(slower)} slower)" if slower else "") + "."
                    + (" The tiny model's weights (a few MB) sit in the CPU's caches, so a decode step is set by fixed "
                       "per-step costs rather than bytes read, and the CPU kernels convert quantized weights on the fly. "
                       "On a GPU serving a model of billions of parameters, decode is memory-bound: fewer bytes per "
                       "weight means fewer bytes read per token, which is where the speed-up comes from (an expectation, "
-                      "not measured here)." if profile == "cpu" else ""))
+                      "not measured here)." if profile == "cpu" else ""),
+                   NOT_SHOWN if slower and not same else WITHIN_NOISE, expectation)))
     for name, ratio in kv_grown:
         out.append(f"- {name} holds {ratio:.2f}x the baseline's KV tokens in the same KV memory.")
     if profile == "cpu":

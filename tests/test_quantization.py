@@ -17,7 +17,8 @@ def test_a_variant_within_the_baselines_spread_is_no_faster_and_the_cpu_reason_i
     lines = conclusions([row("bf16", 1000), row("w8a8", 1040, size=5.0)], [1000, 950], SPEED, {}, {}, "cpu")
     text = "\n".join(lines)
     assert "- w8a8: 5.0 MB on disk (0.56x)" in text and "no measurable difference" in text
-    assert "No configuration was measurably faster" in text and "fixed per-step costs" in text
+    assert "- [within noise] fewer bits per weight decode faster: No configuration was measurably faster" in text
+    assert "fixed per-step costs" in text
     assert "--kv-cache-memory-bytes" in text
 
 
@@ -25,7 +26,7 @@ def test_a_variant_beyond_the_spread_is_called_faster_and_a_regression_is_named(
     lines = conclusions([row("bf16", 1000), row("w8a8", 1400, pass_rate=0.5)], [1000, 990], SPEED,
                         {"w8a8": ["tool_call"]}, {}, "gpu")
     text = "\n".join(lines)
-    assert "Faster than the baseline beyond its noise: w8a8." in text
+    assert "- [shown] fewer bits per weight decode faster: Faster than the baseline beyond its noise: w8a8." in text
     assert "regressed in tool_call" in text
     assert "No configuration was measurably faster" not in text and "--kv-cache-memory-bytes" not in text
 
@@ -33,6 +34,7 @@ def test_a_variant_beyond_the_spread_is_called_faster_and_a_regression_is_named(
 def test_slower_variants_are_named_and_kv_growth_is_reported_as_measured():
     lines = conclusions([row("bf16", 1000), row("kv-cache fp8", 600, kv=1048576)], [1000, 1010], SPEED, {}, {}, "cpu")
     text = "\n".join(lines)
+    assert "- [not shown] fewer bits per weight decode faster: No configuration" in text
     assert "(kv-cache fp8 slower)" in text and ": worse;" in text
     assert "kv-cache fp8 holds 2.00x the baseline's KV tokens" in text
 
