@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebooks", nargs="*", help="notebook paths (default: all numbered notebooks)")
     p.add_argument("-p", "--param", action="append", default=[], help="override a parameter: NAME=VALUE")
     p.add_argument("--out", default=str(Path("build") / "executed"), help="where executed copies go")
-    p.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run")
+    p.add_argument("--cell-timeout", type=int, default=1800,
+                   help="seconds one cell may run (a tuning or sweep cell takes 10+ min on a slow 2-core CPU)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build-model", help=cmd_build_model.__doc__)
     p.add_argument("--kind", choices=["agent", *SIBLING_STEPS], default="agent")

@@ -58,7 +58,7 @@ def inject_parameters(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> 
 
 
 def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, Any] | None = None,
-                 timeout_s: int = 600) -> NotebookRun:
+                 timeout_s: int = 1800) -> NotebookRun:
     """Execute one notebook top to bottom; raise NotebookRunError on the first failing cell."""
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
