@@ -7,6 +7,7 @@ after the variants: ``helpers.comparison``); quality by the eval's McNemar test 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from helpers.comparison import BETTER, SAME, WORSE, compare_samples
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.machine import capability, model_feature
+from helpers.stream_timing import stream_chat
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
 
@@ -27,6 +29,35 @@ def skip_reason(profile: str, model_dir: Path | None = None, kv_cache_dtype: str
         if not found.ok:
             return found.reason
     return None
+
+
+def decode_rate_tok_s(lab: Any, tokens: int = 16) -> float:
+    """Single-stream decode rate (tokens/s) of what the engine serves now: one short forced-length request."""
+    timing = stream_chat(lab.client, lab.model, [{"role": "user", "content": "hi"}], max_tokens=tokens,
+                         extra_body={"ignore_eos": True, "min_tokens": tokens})
+    if not timing.ok or not timing.tpot_s:
+        raise RuntimeError(f"the decode probe got no timing: {timing.error or 'fewer than two tokens'}")
+    return 1 / timing.tpot_s
+
+
+def chosen_kernels(engine_log: str) -> list[str]:
+    """The linear-layer kernels vLLM says it selected ("Selected X for Y"), from the engine's log."""
+    return list(dict.fromkeys(re.findall(r"Selected (\w+Kernel) for", engine_log)))
+
+
+def too_slow_reason(rate_tok_s: float, baseline_rate_tok_s: float, baseline_measure_s: float, max_measure_s: float,
+                    kernels: Sequence[str] = ()) -> str | None:
+    """None when the configuration's eval and load test fit in ``max_measure_s`` (estimated from the
+    baseline's measure time scaled by the decode rates); otherwise the sentence that says why it is skipped."""
+    estimate_s = baseline_measure_s * baseline_rate_tok_s / rate_tok_s
+    if estimate_s <= max_measure_s:
+        return None
+    kernel = f" (vLLM chose {', '.join(kernels)} for its linear layers)" if kernels else ""
+    return (f"Served, but it decodes {rate_tok_s:.1f} tokens/s against the baseline's {baseline_rate_tok_s:.0f} "
+            f"({baseline_rate_tok_s / rate_tok_s:.0f}x slower){kernel}: the same eval and load test would take about "
+            f"{estimate_s / 60:.0f} min, more than MAX_MEASURE_S ({max_measure_s:.0f} s), so it is not measured here. "
+            f"On a CPU without a native kernel for this format the weights go through a generic path; on a GPU with "
+            f"tensor cores for it (FP8: Ada, Hopper, Blackwell) the same checkpoint decodes at least as fast as BF16.")
 
 
 def conclusions(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[float], speed_column: str,

@@ -15,6 +15,7 @@ import pytest
 
 from helpers.agent import run_agent
 from helpers.engine import EngineStartError, flag_value
+from helpers.machine import capability
 from helpers.notebooks import REPO_ROOT, run_notebook
 from helpers.session import EndpointError, connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings
@@ -175,11 +176,19 @@ def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
     run = run_notebook(REPO_ROOT / "notebooks" / "05_quantization.ipynb", tmp_path,
                        parameters={"VARIANTS": ["tiny-agent-w8a8"], "CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
     text = _printed(run)
-    assert "not served here" not in text
-    for config in ("bf16 (baseline)", "w8a8", "online fp8_per_channel", "kv-cache fp8"):
+    assert "could not serve it" not in text and "refused it here" not in text
+    fp8_kv = capability("fp8_kv_cache").ok  # AVX-512 or AMX (tests/test_forced_cpu_kind.py covers AVX2)
+    for config in ("bf16 (baseline)", "w8a8", *(["kv-cache fp8"] if fp8_kv else [])):
         assert re.search(rf"- {re.escape(config)}: .* eval \d+\.\d% \(95% CI", text), config
-    kv = dict(re.findall(r"- (bf16 \(baseline\)|kv-cache fp8): .*?KV capacity ([\d,]+) tokens", text))
-    assert int(kv["kv-cache fp8"].replace(",", "")) == 2 * int(kv["bf16 (baseline)"].replace(",", ""))
+    if fp8_kv:
+        kv = dict(re.findall(r"- (bf16 \(baseline\)|kv-cache fp8): .*?KV capacity ([\d,]+) tokens", text))
+        assert int(kv["kv-cache fp8"].replace(",", "")) == 2 * int(kv["bf16 (baseline)"].replace(",", ""))
+    else:
+        assert "- kv-cache fp8: skipped. This step needs x86 with AVX-512 or AMX" in text
+    # Online FP8 weights are measured, or, where vLLM has no fast FP8 kernel for this CPU (about 1 token/s on
+    # an AMX machine through torch's generic FP8 path), probed and reported as too slow to measure
+    assert re.search(r"- online fp8_per_channel: (.* eval \d+\.\d% \(95% CI|skipped\. Served, but it decodes "
+                     r"[\d.]+ tokens/s against the baseline's \d+ \(\d+x slower\))", text)
     assert lab.model == "tiny-agent" and flag_value(lab.engine.args(), "--kv-cache-dtype") is None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers.quantization import conclusions, skip_reason
+from helpers.quantization import chosen_kernels, conclusions, skip_reason, too_slow_reason
 from helpers.settings import models_dir
 
 SPEED = "c8_output_tok_s"
@@ -52,3 +52,19 @@ def test_skip_reason_follows_the_cpu_kind(monkeypatch):
     assert skip_reason("k8s", w4) is None  # the engine is elsewhere
     monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx512")
     assert skip_reason("cpu", w4) is None and skip_reason("cpu", kv_cache_dtype="fp8") is None
+
+
+def test_a_configuration_too_slow_to_measure_is_skipped_with_its_rate_and_kernel():
+    slow = too_slow_reason(1.0, 100.0, baseline_measure_s=60, max_measure_s=600,
+                           kernels=["ChannelWiseTorchFP8ScaledMMLinearKernel"])
+    assert slow.startswith("Served, but it decodes 1.0 tokens/s against the baseline's 100 (100x slower)")
+    assert "ChannelWiseTorchFP8ScaledMMLinearKernel" in slow and "about 100 min" in slow
+    assert too_slow_reason(50.0, 100.0, baseline_measure_s=60, max_measure_s=600) is None  # 2 min: measured
+
+
+def test_chosen_kernels_come_from_the_engine_log_once_each():
+    log = ("(EngineCore) INFO [__init__.py:797] Selected ChannelWiseTorchFP8ScaledMMLinearKernel for Fp8PtpcOnline\n"
+           "(EngineCore) INFO Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8\n"
+           "(EngineCore) INFO Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8\n")
+    assert chosen_kernels(log) == ["ChannelWiseTorchFP8ScaledMMLinearKernel", "CPUInt8ScaledMMLinearKernel"]
+    assert chosen_kernels("no such line") == []
