@@ -41,3 +41,15 @@ def test_parameters_are_injected_after_the_parameters_cell():
 def test_bad_parameter_syntax_is_refused():
     with pytest.raises(ValueError, match="NAME=VALUE"):
         parse_parameters(["no-equals-sign"])
+
+
+def test_a_widget_cell_gets_the_short_timeout_and_a_measuring_cell_the_long_one():
+    from helpers.notebooks import WIDGET_CELL_TIMEOUT_S, cell_timeout_s
+
+    widget = nbformat.v4.new_code_cell("import ipywidgets as widgets\nwidgets.interact(f, x=(1, 3))")
+    sweep = nbformat.v4.new_code_cell("results = run_sweep(lab.settings, workload)")
+    assert cell_timeout_s(widget, 1800) == WIDGET_CELL_TIMEOUT_S < 1800
+    assert cell_timeout_s(sweep, 1800) == 1800 and cell_timeout_s(widget, 30) == 30
+    explorer = [c for c in nbformat.read(NOTEBOOK_DIR / "02_units_and_memory_budget.ipynb", as_version=4).cells
+                if c.cell_type == "code" and "widgets.interact" in c.source]
+    assert len(explorer) == 1 and cell_timeout_s(explorer[0], 1800) == WIDGET_CELL_TIMEOUT_S
