@@ -200,7 +200,9 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
     aligned, misaligned = map(float, re.search(r"Aligned draft acceptance ([\d.]+)% vs misaligned ([\d.]+)%", text).groups())
     assert aligned > misaligned
     # every method at every concurrency is judged against the noise, and the trend sentence follows the ratios
-    judged = re.findall(r"^- .*k=3, concurrency (\d): .*\. (faster|slower|no measurable difference)", text, re.M)
+    # (a speculative step measured cheaper than a plain one is called a busy machine, not a measurement)
+    judged = re.findall(r"^- .*k=3, concurrency (\d): .*\. (faster|slower|no measurable difference|"
+                        r"Not a measurement of speculation)", text, re.M)
     assert len(judged) == 6, text[-3000:]
     for lo, hi, sentence in re.findall(r"tiny-draft k=3: ([\d.]+)x at concurrency 1 -> ([\d.]+)x at 4: (.*)", text):
         assert ("shrinks" in sentence) == (float(hi) < float(lo) and "about the same" not in sentence)
