@@ -10,7 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from helpers.comparison import BETTER, WORSE, Verdict
+
 SHOWN, NOT_SHOWN, WITHIN_NOISE = "shown", "not shown", "within noise"
+
+
+def lesson_verdict(verdict: Verdict, expect: str = BETTER) -> str:
+    """The lesson verdict of a comparison whose expected label is ``expect`` (``better`` or ``worse``):
+    shown when the difference beyond the noise goes the expected way, not shown when it goes the other
+    way, within noise otherwise."""
+    if verdict.label not in (BETTER, WORSE):
+        return WITHIN_NOISE
+    return SHOWN if verdict.label == expect else NOT_SHOWN
 
 
 @dataclass(frozen=True)

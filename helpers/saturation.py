@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, Verdict, compare_samples
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 
 KV_FULL = 0.90  # KV usage (fraction) counted as full
 WAITING_SHARE = 0.20  # share of samples with requests waiting that counts as "requests wait"
@@ -187,13 +187,6 @@ def analyze_results(results: Sequence[Any], max_num_seqs: int | None = None, **k
 
 # ---------------------------------------------------------------- conclusions (notebook 07)
 
-def _expected(verdict: Verdict, expect: str = BETTER) -> str:
-    """The lesson verdict of a comparison whose expected label is ``expect`` (``better`` or ``worse``)."""
-    if verdict.label not in (BETTER, WORSE):
-        return WITHIN_NOISE
-    return SHOWN if verdict.label == expect else NOT_SHOWN
-
-
 TPOT_FALL = 0.25  # median TPOT lower by this share at a higher load: the machine got faster during the sweep
 
 
@@ -279,7 +272,7 @@ def lift_conclusion(cap: int, analysis: SweepAnalysis, small: dict[str, Any], la
             f"{small['output_throughput']:.0f} -> {large['output_throughput']:.0f} output tokens/s "
             f"({thr.ratio:.2f}x, {thr.label} at +/-{noise_rel:.0%}), median TPOT {small['median_tpot_ms']:.1f} -> "
             f"{large['median_tpot_ms']:.1f} ms")
-    verdict = _expected(thr, BETTER)
+    verdict = lesson_verdict(thr, BETTER)
     if verdict == SHOWN:
         return Conclusion(text + ": admitting more requests per step bought throughput, paid for in TPOT.", SHOWN)
     tpot_x = (large["median_tpot_ms"] / small["median_tpot_ms"]) if small.get("median_tpot_ms") else float("nan")
@@ -313,7 +306,7 @@ def goodput_conclusion(slos: dict[str, float], small: dict[str, Any], large: dic
                                  f"cap {caps[1]}: {_missed_slos(large, slos)}), so this load is past what this machine "
                                  "serves within them: nothing to compare.", WITHIN_NOISE)
     v = compare_samples([g_small], [g_large], higher_is_better=True)
-    verdict = _expected(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
+    verdict = lesson_verdict(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
     if verdict == SHOWN:
         return Conclusion(text + ": fewer requests stuck in the queue past the TTFT SLO.", SHOWN)
     if verdict == WITHIN_NOISE:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from helpers.bench_results import requests_frame, summarize
 from helpers.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 from helpers.engine import flag_value
 from helpers.evals import load_suite
 from helpers.loadgen import Load, Workload, run_load
@@ -74,13 +74,6 @@ def measure_speculation(lab: Any, name: str, concurrencies: list[int], workload:
                      "mean_acceptance_length": served["spec_decode_mean_acceptance_length"],
                      "failed": s["failed"]})
     return rows
-
-
-def _expected(verdict: Verdict, expect: str = BETTER) -> str:
-    """The lesson verdict of a comparison whose expected label is ``expect`` (``better`` or ``worse``)."""
-    if verdict.label not in (BETTER, WORSE):
-        return WITHIN_NOISE
-    return SHOWN if verdict.label == expect else NOT_SHOWN
 
 
 BASELINE = "no speculation"
@@ -196,7 +189,7 @@ def method_conclusion(row: dict[str, Any], expect: str | None = None, regressed:
     else:
         tail = "not measured"
     quality = f"; eval regressed in {', '.join(regressed)}" if regressed else ""
-    return Conclusion(f"{head}. {tail}{quality}.", "" if expect is None else _expected(verdict, expect))
+    return Conclusion(f"{head}. {tail}{quality}.", "" if expect is None else lesson_verdict(verdict, expect))
 
 
 def trend_conclusion(name: str, low: dict[str, Any], high: dict[str, Any]) -> Conclusion:
