@@ -53,6 +53,7 @@ class EngineStartError(EngineError):
 
     def __init__(self, message: str, log_excerpt: str = "") -> None:
         super().__init__(message + (f"\n--- engine log (relevant lines) ---\n{log_excerpt}" if log_excerpt else ""))
+        self.message = message
         self.log_excerpt = log_excerpt
 
 
@@ -406,8 +407,9 @@ class LocalEngine(Engine):
                 if served:
                     raise EngineError(f"The engine serves {served}, not {expected!r}.")
             except (httpx.HTTPError, ValueError) as err:
-                if auth_error(err):
-                    raise auth_error(err) from None
+                refused = auth_error(err)
+                if refused:
+                    raise refused from None
             if self._exited():
                 raise EngineStartError("vLLM exited before it became ready.", self._recent_log_excerpt())
             time.sleep(1.0)
@@ -436,7 +438,7 @@ class LocalEngine(Engine):
             self.wait_ready(timeout_s)
         except EngineError as err:
             excerpt = getattr(err, "log_excerpt", "")
-            reason = str(err).split("\n--- engine log", 1)[0]
+            reason = getattr(err, "message", str(err))
             self.stop()
             if previous and previous != config.to_json():
                 self._spawn(EngineConfig.from_json(previous))

@@ -275,8 +275,7 @@ def vllm_servers(exclude_session: int | None = None) -> list[str]:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "vllm.entrypoints" not in cmdline and "helpers.vllm_server" not in cmdline and \
-                    not cmdline.startswith(("vllm serve", "VLLM::")):
+            if "vllm.entrypoints" not in cmdline and not cmdline.startswith(("vllm serve", "VLLM::")):
                 continue
             if "api_server" not in cmdline and "serve" not in cmdline and "VLLM::" not in cmdline:
                 continue
