@@ -355,11 +355,3 @@ def check_quiet(lab: Any = None, sample_s: float = 1.0) -> QuietReport:
                          sample_s=elapsed, engine_local=bool(engine_local))
     return judge_quiet(report)
 
-
-def busy_note(reports: list[QuietReport]) -> str:
-    """'' when every check was quiet; otherwise one sentence for a conclusion: the machine was busy."""
-    busy = [r for r in reports if not r.quiet]
-    if not busy:
-        return ""
-    return (f"The machine was busy during {len(busy)} of {len(reports)} checks ({busy[0].warnings[0]}): "
-            f"the timings carry that noise.")
