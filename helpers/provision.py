@@ -1,16 +1,22 @@
 """Per-participant Kubernetes namespaces: render overlays, apply them, show status, hand out cards.
 
 ``render`` writes one kustomize overlay per participant on top of ``k8s/base`` (namespace
-``<prefix>-<NN>``, the labels below, the model, the GPU sizing) and keeps each participant's
-secrets (notebook token, engine API key) in ``<overlay>/.secrets/``, mode 600, reused on the next
-run: rendering twice gives byte-identical files. The kubectl-facing functions build a command and
-run it through one ``runner`` (``run_kubectl`` when None; tests pass a recorded fake).
-Secret values go only to the cards file, never to stdout.
+``<prefix>-<NN>``, the labels below, the provisioning annotation on the Namespace, the model, the
+GPU sizing) and keeps each participant's secrets (notebook token, engine API key) in
+``<overlay>/.secrets/``, mode 600, reused on the next run: rendering twice gives byte-identical
+files. Each overlay holds a marker file; rendering fewer participants into the same directory
+removes the files it wrote in the overlays no longer needed and nothing else.
+``teardown`` deletes a namespace only when it carries the label and the annotation, is named
+``<prefix>-NN`` for the ``--prefix`` given, and is no system namespace (``SYSTEM_NAMESPACES``).
+The kubectl-facing functions build a command and run it through one ``runner`` (``run_kubectl``
+when None; tests pass a recorded fake). Secret values go only to the cards file, never to stdout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fnmatch
 import html
 import io
 import json
@@ -31,13 +37,17 @@ K8S_DIR = Path(__file__).resolve().parent.parent / "k8s"
 DEFAULT_OUT_DIR = Path("build") / "workshop"
 SETTINGS_FILE = "workshop.json"
 SECRETS_DIR = ".secrets"
+OVERLAY_MARKER = ".workshop-overlay"  # in every overlay render wrote: what a later render may clean up
+OVERLAY_FILES = ("kustomization.yaml", "kubeconfig", OVERLAY_MARKER,
+                 f"{SECRETS_DIR}/notebook-token", f"{SECRETS_DIR}/vllm-api-key")  # all that render writes there
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "workshop-provision"
 PARTICIPANT_LABEL = "workshop/participant"
 PREFIX_LABEL = "workshop/prefix"
+PROVISIONED_ANNOTATION = "workshop/provisioned-by"  # on the Namespace only, value MANAGED_BY
 FIELD_MANAGER = "workshop-provision"
-PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+SYSTEM_NAMESPACES = ("default", "kube-*", "openshift", "openshift-*")  # teardown never deletes these (fnmatch)
 KUBECTL_TIMEOUT_S = 300.0
 MAX_PARTICIPANTS = 99  # namespace suffixes are two digits
 
@@ -171,9 +181,10 @@ def validate(ws: Workshop) -> None:
     """Raise ProvisionError when the settings cannot make a working workshop."""
     if not 1 <= ws.participants <= MAX_PARTICIPANTS:
         raise ProvisionError(f"--participants must be between 1 and {MAX_PARTICIPANTS} (got {ws.participants})")
-    if not _DNS_LABEL.match(ws.prefix) or len(ws.prefix) > 40 or ws.prefix.startswith("kube"):
+    if (not _DNS_LABEL.match(ws.prefix) or len(ws.prefix) > 40 or ws.prefix.startswith("kube")
+            or is_system_namespace(namespace_name(ws.prefix, 1))):
         raise ProvisionError(f"--prefix {ws.prefix!r} must be a lowercase DNS label (a-z, 0-9, '-'), at most "
-                             "40 characters, not starting with 'kube'; e.g. --prefix ws")
+                             "40 characters, not starting with 'kube' or 'openshift'; e.g. --prefix ws")
     if ws.gpu_type not in GPU_PROFILES:
         raise ProvisionError(f"unknown --gpu-type {ws.gpu_type!r}: choose one of {', '.join(GPU_PROFILES)}")
     if ws.model not in LAB_MODELS:
@@ -191,12 +202,21 @@ def validate(ws: Workshop) -> None:
         raise ProvisionError(f"--domain {ws.domain!r} must be a DNS name such as workshop.example.com")
 
 
+def is_system_namespace(name: str) -> bool:
+    """True for ``default``, ``kube-*``, ``openshift`` and ``openshift-*``: never provisioned, never deleted."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SYSTEM_NAMESPACES)
+
+
 def load_workshop(out_dir: Path | str) -> Workshop:
     """Read the workshop.json that ``render`` wrote into ``out_dir``."""
     path = Path(out_dir) / SETTINGS_FILE
     if not path.is_file():
         raise ProvisionError(f"{path} not found: run `workshop provision` first (or pass the directory it wrote)")
-    return Workshop(**json.loads(path.read_text()))
+    try:
+        return Workshop(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as err:
+        raise ProvisionError(f"{path} is not a workshop.json written by `workshop provision` ({err}): "
+                             "render into a new --out directory") from None
 
 
 # ---------------------------------------------------------------- rendering
@@ -268,7 +288,10 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     if ws.node_selector:
         engine_patch.append({"op": "replace", "path": "/spec/template/spec/nodeSelector",
                              "value": ws.node_selector})
-    patches = [{"target": {"kind": "Deployment", "name": "vllm"}, "patch": _dump(engine_patch)}]
+    namespace_patch = {"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": ns, "annotations": {PROVISIONED_ANNOTATION: MANAGED_BY}}}
+    patches = [{"target": {"kind": "Namespace"}, "patch": _dump(namespace_patch)},
+               {"target": {"kind": "Deployment", "name": "vllm"}, "patch": _dump(engine_patch)}]
     if ws.domain:
         host = f"{ns}.{ws.domain}"
         patches.append({"target": {"kind": "Ingress", "name": "notebook"}, "patch": _dump([
@@ -303,25 +326,77 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """What ``render`` did: the overlays it wrote, and what it removed or kept of overlays no longer needed."""
+
+    overlays: list[Path]
+    removed: list[str] = field(default_factory=list)  # overlay directories cleaned up (their files were ours)
+    kept: list[Path] = field(default_factory=list)  # files render did not write, left in those directories
+
+
+def _check_out_dir(out: Path, ws: Workshop) -> Workshop | None:
+    """Refuse an ``out`` that holds something other than this workshop's overlays; return its previous settings."""
+    if out.exists() and not out.is_dir():
+        raise ProvisionError(f"--out {out} is a file: pass a directory (new, or one `workshop provision` wrote)")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    if not (out / SETTINGS_FILE).is_file():
+        raise ProvisionError(f"--out {out} is not empty and has no {SETTINGS_FILE}, so `workshop provision` did "
+                             "not write it: pass a new or empty directory")
+    previous = load_workshop(out)
+    if previous.prefix != ws.prefix:
+        raise ProvisionError(f"--out {out} holds workshop {previous.prefix!r} ({previous.namespaces()[0]} ... "
+                             f"{previous.namespaces()[-1]}), with its participants' tokens: render workshop "
+                             f"{ws.prefix!r} into another --out, or --prefix {previous.prefix} to change that one")
+    return previous
+
+
+def _owned_overlays(out: Path, previous: Workshop | None) -> list[Path]:
+    """The overlay directories under ``out`` that render wrote: with the marker, or named in the old workshop.json."""
+    named = set(previous.namespaces()) if previous else set()
+    return sorted(d for d in out.iterdir()
+                  if d.is_dir() and not d.is_symlink() and ((d / OVERLAY_MARKER).is_file() or d.name in named))
+
+
+def _remove_overlay(overlay_dir: Path) -> list[Path]:
+    """Delete the files render writes in ``overlay_dir`` and the directories left empty; return the files kept."""
+    for name in OVERLAY_FILES:
+        path = overlay_dir / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+    for d in (overlay_dir / SECRETS_DIR, overlay_dir):
+        with contextlib.suppress(OSError):  # not empty: something render did not write is in it
+            d.rmdir()
+    return sorted(p for p in overlay_dir.rglob("*") if not p.is_dir()) if overlay_dir.exists() else []
+
+
 def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", gpu_type: str = "l4",
            out_dir: Path | str = DEFAULT_OUT_DIR, *, with_moe: bool = False, domain: str | None = None,
-           node_selector: Mapping[str, str] | None = None, api_key: bool = True) -> list[Path]:
-    """Write one kustomize overlay per participant under ``out_dir``; return the overlay directories.
+           node_selector: Mapping[str, str] | None = None, api_key: bool = True) -> Rendered:
+    """Write one kustomize overlay per participant under ``out_dir``; clean up the overlays it no longer needs.
 
     Secrets are created once and reused, so a second run with the same arguments writes the same bytes.
+    ``out_dir`` must be new, empty, or written by an earlier render of the same ``prefix``; of an overlay
+    no longer needed (fewer participants) only the files render wrote there are deleted.
     """
     ws = Workshop(prefix=prefix, participants=participants, model=model, gpu_type=gpu_type, with_moe=with_moe,
                   domain=domain, node_selector=dict(sorted((node_selector or {}).items())), api_key=api_key)
     validate(ws)
     _check_base_engine_args()  # the model patch replaces args 1 and 3: fail before writing if the layout changed
     out = Path(out_dir)
+    previous = _check_out_dir(out, ws)
     out.mkdir(parents=True, exist_ok=True)
+    stale = [d for d in _owned_overlays(out, previous) if d.name not in ws.namespaces()]
     _write(out / ".gitignore", f"# participants' tokens and keys: never commit them\n*/{SECRETS_DIR}/\ncards.*\n")
     _write(out / SETTINGS_FILE, json.dumps(asdict(ws), indent=2, sort_keys=True) + "\n")
     dirs = []
     for number, ns in enumerate(ws.namespaces(), start=1):
         d = out / ns
         d.mkdir(exist_ok=True)
+        _write(d / OVERLAY_MARKER, "Written by `workshop provision`, like kustomization.yaml, kubeconfig and "
+                                   f"{SECRETS_DIR}/: a later render\nthat no longer needs this participant "
+                                   "deletes those files, and no other.\n")
         _ensure_secret(d / SECRETS_DIR / "notebook-token")
         if api_key:
             _ensure_secret(d / SECRETS_DIR / "vllm-api-key")
@@ -330,7 +405,8 @@ def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", 
                   "edits are overwritten.\n")
         _write(d / "kustomization.yaml", header + _dump(overlay(ws, number, d)))
         dirs.append(d)
-    return dirs
+    kept = [path for d in stale for path in _remove_overlay(d)]
+    return Rendered(dirs, [d.name for d in stale], kept)
 
 
 def secret_values(out_dir: Path | str) -> set[str]:
@@ -373,26 +449,62 @@ def managed_selector(prefix: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class TeardownPlan:
-    """Namespaces to delete (labelled by provisioning) and those refused (anything else)."""
+    """What teardown deletes, what it leaves alone and why, and the workshops it found (their prefixes)."""
 
+    prefix: str | None
     delete: list[str]
-    refused: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)  # namespace -> why teardown leaves it alone
+    workshops: list[str] = field(default_factory=list)  # prefixes that `teardown --prefix P` would delete from
+
+
+def _skip_reason(namespace: Mapping[str, Any], prefix: str | None) -> tuple[str | None, str | None]:
+    """Why teardown leaves ``namespace`` alone (None: it deletes it), and the workshop it belongs to."""
+    meta = namespace.get("metadata", {})
+    name, labels, annotations = meta["name"], meta.get("labels") or {}, meta.get("annotations") or {}
+    if is_system_namespace(name):
+        return f"a system namespace: teardown never deletes {', '.join(SYSTEM_NAMESPACES)}", None
+    if not _is_managed(namespace):
+        return f"not labelled {MANAGED_BY_LABEL}={MANAGED_BY}", None
+    if annotations.get(PROVISIONED_ANNOTATION) != MANAGED_BY:
+        return (f"labelled, but without the annotation {PROVISIONED_ANNOTATION}={MANAGED_BY} that "
+                "`workshop provision` sets (provisioned before it existed? run `workshop provision` again with "
+                "the same flags)"), None
+    own = labels.get(PREFIX_LABEL, "")
+    if not own or not re.fullmatch(re.escape(own) + r"-\d{2}", name):
+        return f"its name is not <prefix>-NN for its label {PREFIX_LABEL}={own}", None
+    if prefix is None:
+        return f"no --prefix given (workshop {own!r}: --prefix {own})", own
+    if own != prefix:
+        return f"workshop {own!r}, not {prefix!r}", own
+    return None, own
 
 
 def teardown(prefix: str | None = None, yes: bool = False, runner: Runner | None = None) -> TeardownPlan:
-    """Delete the namespaces provisioning labelled (of ``prefix``, if given); only list them unless ``yes``."""
-    listing = json.loads(kubectl(["get", "namespaces", "-l", managed_selector(prefix), "-o", "json"], runner))
-    delete, refused = [], []
+    """Plan which namespaces of workshop ``prefix`` to delete (and why others stay); delete them only if ``yes``.
+
+    Without ``prefix`` nothing is deleted: the plan lists the workshops found, and ``yes`` is refused.
+    """
+    if prefix is not None and not _DNS_LABEL.match(prefix):
+        raise ProvisionError(f"--prefix {prefix!r} is not a namespace prefix (a lowercase DNS label such as ws): "
+                             "pass the --prefix the workshop was provisioned with")
+    if prefix is None and yes:
+        raise ProvisionError("teardown --yes needs --prefix: it deletes one workshop at a time. Run `workshop "
+                             "teardown` without --yes to list the workshops here, then `workshop teardown "
+                             "--prefix NAME --yes`")
+    listing = json.loads(kubectl(["get", "namespaces", "-l", managed_selector(), "-o", "json"], runner))
+    delete, skipped, workshops = [], {}, set()
     for item in listing.get("items", []):
-        name = item["metadata"]["name"]
-        if _is_managed(item) and name not in PROTECTED_NAMESPACES:
-            delete.append(name)
+        reason, workshop = _skip_reason(item, prefix)
+        if workshop:
+            workshops.add(workshop)
+        if reason is None:
+            delete.append(item["metadata"]["name"])
         else:
-            refused.append(name)
+            skipped[item["metadata"]["name"]] = reason
     delete.sort()
     if yes and delete:
         kubectl(["delete", "namespace", *delete, "--wait=false"], runner)
-    return TeardownPlan(delete, sorted(refused))
+    return TeardownPlan(prefix, delete, dict(sorted(skipped.items())), sorted(workshops))
 
 
 def reset(namespace: str, out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None) -> None:

@@ -43,11 +43,19 @@ def _node_selector(pairs: list[str]) -> dict[str, str]:
 
 def cmd_provision(args: argparse.Namespace) -> int:
     """Render one namespace per participant (and apply them unless --dry-run)."""
-    dirs = pv.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
-                     with_moe=args.with_moe, domain=args.domain, node_selector=_node_selector(args.node_selector),
-                     api_key=not args.no_api_key)
+    rendered = pv.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
+                         with_moe=args.with_moe, domain=args.domain,
+                         node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key)
+    dirs = rendered.overlays
     print(f"rendered {len(dirs)} overlays in {args.out} ({dirs[0].name} ... {dirs[-1].name}); "
           f"secrets kept in <overlay>/{pv.SECRETS_DIR}/ (mode 600)")
+    if rendered.removed:
+        print(f"removed {len(rendered.removed)} overlays this workshop no longer has, with their tokens: "
+              f"{' '.join(rendered.removed)}")
+        print(f"  if applied, their namespaces stay on the cluster (kubectl delete namespace "
+              f"{' '.join(rendered.removed)}); cards written before still list them (run workshop cards again)")
+    for path in rendered.kept:
+        print(f"kept {path}: not written by workshop provision")
     if args.dry_run:
         print("dry run: nothing applied. To apply: workshop provision (same flags) without --dry-run, or")
         for d in dirs:
@@ -90,18 +98,25 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_teardown(args: argparse.Namespace) -> int:
-    """Delete the namespaces provisioning labelled; lists them unless --yes."""
+    """Delete one workshop's provisioned namespaces (--prefix); lists them, and what stays and why, unless --yes."""
     plan = pv.teardown(args.prefix, yes=args.yes)
-    for name in plan.refused:
-        print(f"refused: {name} (not labelled {pv.managed_selector()})", file=sys.stderr)
+    for name, reason in plan.skipped.items():
+        print(f"leaving {name}: {reason}")
+    if args.prefix is None:
+        found = ", ".join(plan.workshops) if plan.workshops else "none"
+        example = plan.workshops[0] if plan.workshops else "NAME"
+        print(f"teardown deletes one workshop at a time: pass --prefix. Workshops provisioned here: {found}. "
+              f"To see what it would delete: workshop teardown --prefix {example}")
+        return 0
     if not plan.delete:
-        print("no provisioned namespaces found (label " + pv.managed_selector(args.prefix) + ")")
+        print(f"no namespaces of workshop {args.prefix!r} to delete (looked for {args.prefix}-NN labelled "
+              f"{pv.managed_selector()} and annotated {pv.PROVISIONED_ANNOTATION}={pv.MANAGED_BY})")
         return 0
     if not args.yes:
-        print(f"would delete {len(plan.delete)} namespaces: {' '.join(plan.delete)}")
+        print(f"would delete {len(plan.delete)} namespaces of workshop {args.prefix!r}: {' '.join(plan.delete)}")
         print("run again with --yes to delete them (their volumes go too)")
         return 0
-    print(f"deleting {len(plan.delete)} namespaces: {' '.join(plan.delete)}")
+    print(f"deleting {len(plan.delete)} namespaces of workshop {args.prefix!r}: {' '.join(plan.delete)}")
     return 0
 
 
@@ -141,8 +156,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_guarded(cmd_reset))
 
     p = subparsers.add_parser("teardown", help=cmd_teardown.__doc__, description=cmd_teardown.__doc__)
-    p.add_argument("--yes", action="store_true", help="really delete")
-    p.add_argument("--prefix", default=None, help="only this workshop's namespaces")
+    p.add_argument("--yes", action="store_true", help="really delete (needs --prefix)")
+    p.add_argument("--prefix", default=None,
+                   help="the workshop to delete (<prefix>-NN); without it, list the workshops found")
     p.set_defaults(func=_guarded(cmd_teardown))
 
 

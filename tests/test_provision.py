@@ -5,16 +5,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 from typing import Sequence
 
 import pytest
+import yaml
 
 from helpers import provision as pv
 from helpers.provision_cli import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+README = pv.K8S_DIR / "README.md"
 
 
 class FakeKubectl:
@@ -39,6 +44,22 @@ UNREACHABLE = pv.CommandResult((), 1, "", (
     'E1129 memcache.go:265] "Unhandled Error" err="couldn\'t get current server API group list: '
     'dial tcp 127.0.0.1:8080: connect: connection refused"\n'
     "The connection to the server localhost:8080 was refused - did you specify the right host or port?\n"))
+
+
+def namespace(name: str, prefix: str | None = None, labelled: bool = True, annotated: bool = True) -> dict:
+    """A Namespace as `kubectl get namespaces -o json` lists it; provisioned like ``render`` does by default."""
+    labels = {"kubernetes.io/metadata.name": name}
+    if labelled:
+        labels |= {pv.MANAGED_BY_LABEL: pv.MANAGED_BY, pv.PREFIX_LABEL: prefix or name.rsplit("-", 1)[0]}
+    meta = {"name": name, "labels": labels}
+    if annotated:
+        meta["annotations"] = {pv.PROVISIONED_ANNOTATION: pv.MANAGED_BY}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def namespaces_answer(*items: dict) -> FakeKubectl:
+    """A fake kubectl whose `get namespaces` lists ``items`` (whatever the label selector: teardown checks again)."""
+    return FakeKubectl({("get", "namespaces"): json.dumps({"kind": "List", "items": list(items)})})
 
 
 @pytest.fixture
@@ -72,6 +93,84 @@ def test_render_reuses_stored_secrets_and_keeps_them_when_participants_are_added
     assert len(pv.secret_values(workshop)) == 8
 
 
+def test_render_annotates_the_namespace_and_marks_each_overlay(workshop):
+    text = (workshop / "ws-02" / "kustomization.yaml").read_text()
+    assert f"{pv.PROVISIONED_ANNOTATION}: {pv.MANAGED_BY}" in text
+    assert "kind: Namespace" in text
+    assert all((workshop / ns / pv.OVERLAY_MARKER).is_file() for ns in ("ws-01", "ws-02", "ws-03"))
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_the_built_overlay_annotates_the_namespace_and_nothing_else(workshop):
+    built = subprocess.run(["kubectl", "kustomize", str(workshop / "ws-02")], capture_output=True, text=True,
+                           timeout=60)
+    assert built.returncode == 0, built.stderr
+    objs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    annotated = [(o["kind"], o["metadata"]["name"]) for o in objs
+                 if pv.PROVISIONED_ANNOTATION in (o["metadata"].get("annotations") or {})]
+    assert annotated == [("Namespace", "ws-02")]
+    ns = next(o for o in objs if o["kind"] == "Namespace")
+    assert ns["metadata"]["annotations"][pv.PROVISIONED_ANNOTATION] == pv.MANAGED_BY
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"  # the patch kept the labels
+    assert pv.teardown("ws", runner=namespaces_answer(ns)).delete == ["ws-02"]  # what provision makes, teardown takes
+
+
+def test_rendering_fewer_participants_removes_the_stale_overlays_and_reports_them(workshop):
+    tokens = {ns: (workshop / ns / pv.SECRETS_DIR / "notebook-token").read_text() for ns in ("ws-01", "ws-02")}
+    rendered = pv.render(2, "ws", out_dir=workshop)
+    assert rendered.removed == ["ws-03"] and rendered.kept == []
+    assert not (workshop / "ws-03").exists()
+    assert [d.name for d in rendered.overlays] == ["ws-01", "ws-02"]
+    assert {ns: (workshop / ns / pv.SECRETS_DIR / "notebook-token").read_text() for ns in tokens} == tokens
+    assert pv.load_workshop(workshop).namespaces() == ["ws-01", "ws-02"]
+    assert pv.render(2, "ws", out_dir=workshop).removed == []  # nothing stale the second time
+
+
+def test_rendering_fewer_participants_leaves_files_it_did_not_write(workshop):
+    (workshop / "notes.txt").write_text("room 4")
+    (workshop / "ws-03" / "extra.yaml").write_text("kind: ConfigMap\n")
+    (workshop / "ws-03" / pv.SECRETS_DIR / "mine").write_text("keep")
+    (workshop / "ws-02" / "also-mine.txt").write_text("keep")
+    rendered = pv.render(1, "ws", out_dir=workshop)
+    assert rendered.removed == ["ws-02", "ws-03"]
+    assert rendered.kept == [workshop / "ws-02" / "also-mine.txt", workshop / "ws-03" / pv.SECRETS_DIR / "mine",
+                             workshop / "ws-03" / "extra.yaml"]
+    assert (workshop / "notes.txt").read_text() == "room 4"
+    assert (workshop / "ws-03" / "extra.yaml").is_file() and (workshop / "ws-03" / pv.SECRETS_DIR / "mine").is_file()
+    assert sorted(p.name for p in (workshop / "ws-03").rglob("*") if p.is_file()) == ["extra.yaml", "mine"]
+    assert sorted(p.name for p in (workshop / "ws-02").iterdir()) == ["also-mine.txt"]
+
+
+def test_an_overlay_written_before_the_marker_is_recognised_by_the_old_workshop_json(workshop):
+    (workshop / "ws-03" / pv.OVERLAY_MARKER).unlink()  # as a render of an older version left it
+    (workshop / "ws-09").mkdir()  # neither marked nor in workshop.json: not ours
+    (workshop / "ws-09" / "kustomization.yaml").write_text("resources: []\n")
+    assert pv.render(2, "ws", out_dir=workshop).removed == ["ws-03"]
+    assert not (workshop / "ws-03").exists()
+    assert (workshop / "ws-09" / "kustomization.yaml").read_text() == "resources: []\n"
+
+
+def test_render_refuses_an_out_dir_it_did_not_write_or_of_another_workshop(tmp_path, workshop):
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / ".gitignore").write_text("mine\n")
+    with pytest.raises(pv.ProvisionError, match="not empty and has no workshop.json.*new or empty directory"):
+        pv.render(2, "ws", out_dir=foreign)
+    assert [p.name for p in foreign.iterdir()] == [".gitignore"] and (foreign / ".gitignore").read_text() == "mine\n"
+
+    before = sorted(p for p in workshop.rglob("*"))
+    with pytest.raises(pv.ProvisionError, match="holds workshop 'ws'.*into another --out"):
+        pv.render(2, "lab", out_dir=workshop)
+    assert sorted(p for p in workshop.rglob("*")) == before
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(pv.ProvisionError, match="is a file"):
+        pv.render(1, "ws", out_dir=tmp_path / "a-file")
+    (workshop / pv.SETTINGS_FILE).write_text("{not json")
+    with pytest.raises(pv.ProvisionError, match="not a workshop.json"):
+        pv.render(1, "ws", out_dir=workshop)
+
+
 def test_render_without_api_key_writes_no_engine_key(tmp_path):
     pv.render(1, "ws", out_dir=tmp_path, api_key=False)
     assert not (tmp_path / "ws-01" / pv.SECRETS_DIR / "vllm-api-key").exists()
@@ -83,6 +182,7 @@ def test_render_without_api_key_writes_no_engine_key(tmp_path):
     ({"participants": 100}, "between 1 and"),
     ({"prefix": "Team_A"}, "DNS label"),
     ({"prefix": "kube-ws"}, "not starting with 'kube'"),
+    ({"prefix": "openshift"}, "or 'openshift'"),
     ({"gpu_type": "tpu"}, "unknown --gpu-type"),
     ({"model": "meta-llama/Llama-3-8B"}, "unknown --model"),
     ({"model": pv.MOE_MODEL, "gpu_type": "a100"}, "needs about 65 GB"),
@@ -111,25 +211,86 @@ def test_apply_runs_one_server_side_apply_per_participant(workshop):
     assert lines[0] == "ws-01: 2 objects applied"
 
 
-def test_teardown_deletes_only_labelled_namespaces():
-    listing = (FIXTURES / "kubectl_get_namespaces.json").read_text()
-    fake = FakeKubectl({("get", "namespaces"): listing})
-    plan = pv.teardown(yes=False, runner=fake)
+def test_teardown_deletes_only_labelled_and_annotated_namespaces_of_the_prefix():
+    fake = namespaces_answer(namespace("ws-02"), namespace("ws-01"), namespace("lab-01"))
+    plan = pv.teardown(prefix="ws", yes=False, runner=fake)
     assert plan.delete == ["ws-01", "ws-02"]
-    assert plan.refused == ["default", "kube-system", "team-prod"]
+    assert plan.skipped == {"lab-01": "workshop 'lab', not 'ws'"}
+    assert plan.workshops == ["lab", "ws"]
     assert fake.calls == [["get", "namespaces", "-l", "app.kubernetes.io/managed-by=workshop-provision", "-o", "json"]]
 
     pv.teardown(prefix="ws", yes=True, runner=fake)
-    assert fake.calls[-2][3] == "app.kubernetes.io/managed-by=workshop-provision,workshop/prefix=ws"
     assert fake.calls[-1] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
-    deletes = [c for c in fake.calls if c[0] == "delete"]
-    assert len(deletes) == 1
+    assert len([c for c in fake.calls if c[0] == "delete"]) == 1
+
+
+@pytest.mark.parametrize("name", ["kube-foo", "kube-system", "openshift-x", "openshift", "default"])
+def test_teardown_never_deletes_a_system_namespace_even_labelled_and_annotated(name):
+    fake = namespaces_answer(namespace(name, prefix="kube" if name.startswith("kube") else name), namespace("ws-01"))
+    plan = pv.teardown(prefix=name.split("-")[0], yes=True, runner=fake)
+    assert name not in plan.delete
+    assert plan.skipped[name].startswith("a system namespace: teardown never deletes default, kube-*, openshift")
+    assert not [c for c in fake.calls if c[0] == "delete" and name in c]
+
+
+def test_teardown_leaves_a_labelled_but_unannotated_namespace():
+    fake = namespaces_answer(namespace("ws-01", annotated=False), namespace("ws-02"))
+    plan = pv.teardown(prefix="ws", yes=True, runner=fake)
+    assert plan.delete == ["ws-02"]
+    assert "without the annotation workshop/provisioned-by=workshop-provision" in plan.skipped["ws-01"]
+    assert fake.calls[-1] == ["delete", "namespace", "ws-02", "--wait=false"]
+
+
+def test_teardown_leaves_other_prefixes_and_names_that_do_not_match_their_label():
+    fake = namespaces_answer(namespace("ws-01"), namespace("wsx-01"), namespace("ws-team-01", prefix="ws-team"),
+                             namespace("ws-prod", prefix="ws"), namespace("ws-001", prefix="ws"),
+                             namespace("team-prod", labelled=False))
+    plan = pv.teardown(prefix="ws", yes=True, runner=fake)
+    assert plan.delete == ["ws-01"]
+    assert plan.skipped["wsx-01"] == "workshop 'wsx', not 'ws'"
+    assert plan.skipped["ws-team-01"] == "workshop 'ws-team', not 'ws'"
+    wrong_name = "its name is not <prefix>-NN for its label workshop/prefix=ws"
+    assert plan.skipped["ws-prod"] == plan.skipped["ws-001"] == wrong_name
+    assert plan.skipped["team-prod"] == "not labelled app.kubernetes.io/managed-by=workshop-provision"
+    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "--wait=false"]
+
+
+def test_teardown_without_prefix_lists_the_workshops_and_refuses_to_delete():
+    fake = namespaces_answer(namespace("ws-01"), namespace("lab-01"), namespace("kube-foo", prefix="kube"))
+    plan = pv.teardown(yes=False, runner=fake)
+    assert plan.delete == [] and plan.workshops == ["lab", "ws"]
+    assert plan.skipped["ws-01"] == "no --prefix given (workshop 'ws': --prefix ws)"
+    assert plan.skipped["kube-foo"].startswith("a system namespace")
+    with pytest.raises(pv.ProvisionError, match="teardown --yes needs --prefix"):
+        pv.teardown(yes=True, runner=fake)
+    assert [c[0] for c in fake.calls] == ["get"]  # the refusal asked the cluster nothing
 
 
 def test_teardown_with_nothing_labelled_deletes_nothing():
-    fake = FakeKubectl({("get", "namespaces"): json.dumps({"kind": "List", "items": []})})
-    assert pv.teardown(yes=True, runner=fake) == pv.TeardownPlan([], [])
+    fake = namespaces_answer()
+    assert pv.teardown(prefix="ws", yes=True, runner=fake) == pv.TeardownPlan("ws", [], {}, [])
     assert [c[0] for c in fake.calls] == ["get"]
+
+
+def test_teardown_refuses_a_prefix_that_is_no_namespace_prefix():
+    fake = namespaces_answer(namespace("ws-01"))
+    with pytest.raises(pv.ProvisionError, match="not a namespace prefix"):
+        pv.teardown(prefix="Team_A", yes=True, runner=fake)
+    assert fake.calls == []
+
+
+def test_the_readme_teardown_sentence_says_what_the_code_does():
+    text = " ".join(README.read_text().split())
+    claims = re.search(r"`teardown` deletes a namespace only if (.*?with the reason)\.", text).group(1)
+    for claim in ("has that label and that annotation", "`<prefix>-NN`", f"`{pv.PREFIX_LABEL}` label equal to the "
+                  "`--prefix` given", "nothing without `--yes`", "`--yes` without `--prefix` is refused"):
+        assert claim in claims, claim
+    assert f"annotation `{pv.PROVISIONED_ANNOTATION}={pv.MANAGED_BY}`" in text
+    listed = re.findall(r"`([^`]+)`", claims.split("is not ")[1].split(";")[0])
+    assert tuple(listed) == pv.SYSTEM_NAMESPACES
+    for pattern in listed:  # each is refused by the code, as a name of that form
+        name = pattern.replace("*", "x")
+        assert pv.teardown("x", runner=namespaces_answer(namespace(name, prefix="x"))).delete == []
 
 
 def test_reset_reapplies_and_restarts_only_a_labelled_participant(workshop):
@@ -227,15 +388,44 @@ def test_cli_errors_exit_2_with_one_line_and_no_traceback(tmp_path, capsys, monk
     assert "run `workshop provision` first" in capsys.readouterr().err
 
 
-def test_cli_teardown_lists_before_it_deletes(monkeypatch, capsys):
-    fake = FakeKubectl({("get", "namespaces"): (FIXTURES / "kubectl_get_namespaces.json").read_text()})
+def test_cli_teardown_lists_what_stays_and_why_before_it_deletes(monkeypatch, capsys):
+    fake = namespaces_answer(namespace("ws-01"), namespace("ws-02"), namespace("kube-foo", prefix="kube"),
+                             namespace("ws-03", annotated=False), namespace("lab-01"))
+    monkeypatch.setattr(pv, "run_kubectl", fake)
+    assert main(["teardown", "--prefix", "ws"]) == 0
+    out = capsys.readouterr().out
+    assert "would delete 2 namespaces of workshop 'ws': ws-01 ws-02" in out
+    assert "leaving kube-foo: a system namespace" in out and "leaving lab-01: workshop 'lab', not 'ws'" in out
+    assert "leaving ws-03: labelled, but without the annotation" in out
+    assert not [c for c in fake.calls if c[0] == "delete"]
+    assert main(["teardown", "--prefix", "ws", "--yes"]) == 0
+    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
+
+
+def test_cli_teardown_without_prefix_names_the_workshops_and_refuses_yes(monkeypatch, capsys):
+    fake = namespaces_answer(namespace("ws-01"), namespace("lab-01"))
     monkeypatch.setattr(pv, "run_kubectl", fake)
     assert main(["teardown"]) == 0
-    captured = capsys.readouterr()
-    assert "would delete 2 namespaces: ws-01 ws-02" in captured.out and "refused: kube-system" in captured.err
+    out = capsys.readouterr().out
+    assert "pass --prefix. Workshops provisioned here: lab, ws. To see what it would delete: workshop teardown " \
+           "--prefix lab" in out
+    assert main(["teardown", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: teardown --yes needs --prefix") and "Traceback" not in err
     assert not [c for c in fake.calls if c[0] == "delete"]
-    assert main(["teardown", "--yes"]) == 0
-    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
+
+
+def test_cli_provision_reports_the_overlays_it_removed_and_the_files_it_kept(tmp_path, capsys):
+    out = tmp_path / "w"
+    assert main(["provision", "--participants", "3", "--dry-run", "--out", str(out)]) == 0
+    (out / "ws-03" / "notes.txt").write_text("mine")
+    assert main(["provision", "--participants", "1", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "removed 2 overlays this workshop no longer has, with their tokens: ws-02 ws-03" in printed
+    assert f"kept {out / 'ws-03' / 'notes.txt'}: not written by workshop provision" in printed
+    assert main(["provision", "--participants", "1", "--prefix", "lab", "--dry-run", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out") and "holds workshop 'ws'" in err and "Traceback" not in err
 
 
 def test_cli_status_prints_a_table(monkeypatch, capsys):
