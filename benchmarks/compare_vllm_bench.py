@@ -38,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from helpers.bench_results import summarize
-from helpers.engine import make_engine
+from helpers.session import make_engine
 from helpers.loadgen import Load, Workload, prompt_factory, run_load
 from helpers.settings import load_settings
 

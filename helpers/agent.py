@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion
 from helpers.tools import TOOLS, call_tool
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 
 @dataclass
@@ -54,7 +57,7 @@ class AgentRun:
         return any(s.tool_calls for s in self.steps)
 
 
-def run_agent(lab: Any, question: str, tools: list[dict[str, Any]] | None = None, max_steps: int = 4,
+def run_agent(lab: Lab, question: str, tools: list[dict[str, Any]] | None = None, max_steps: int = 4,
               history: list[dict[str, Any]] | None = None, **kwargs: Any) -> AgentRun:
     """Answer a question with tools; ``lab`` is a ``helpers.session.Lab`` (or anything with ``chat``)."""
     tools = TOOLS if tools is None else tools

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from helpers import bench_cli, planner_cli, provision_cli
 from helpers import eval_cli
-from helpers.engine import EngineError, LocalEngine, make_engine
+from helpers.engine import EngineError
+from helpers.local_engine import LocalEngine, describe_process, port_holder
 from helpers.machine import MachineError
-from helpers.session import EndpointError, check_endpoint, connect
+from helpers.session import EndpointError, check_endpoint, connect, make_engine
 from helpers.settings import SettingsError, load_settings
 
 
@@ -39,27 +40,32 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stop the local engine."""
-    _, engine = _engine_or_fail()
-    if isinstance(engine, LocalEngine) and engine.pid is None:
-        print("no local engine is running")
+    """Stop the engine: the local server with every process it started, or the cluster Deployment (scaled to 0)."""
+    settings, engine = _engine_or_fail()
+    if not isinstance(engine, LocalEngine):
+        engine.stop()
+        print("engine stopped")
         return 0
-    engine.stop()
-    print("engine stopped")
+    pid, problem = engine.pid, engine.state_problem
+    engine.stop()  # also ends what is left of an engine whose server was killed
+    print(f"engine stopped (pid {pid})" if pid else "no local engine was running")
+    if problem:
+        print(f"note: the state file was {problem}")
+    busy, holder = port_holder(settings.port)
+    if busy:
+        print(f"port {settings.port} is held by {describe_process(holder)}, which the helpers did not start: left alone")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Endpoint, model, flags and readiness (no secrets)."""
+    """Endpoint, model, flags, who holds the port and readiness, with why when not ready (no secrets)."""
     _, engine = _engine_or_fail()
     status = engine.status()
-    if isinstance(engine, LocalEngine):
-        status["pid"] = engine.pid
     if args.json:
         print(json.dumps(status, indent=1))
     else:
         for key, value in status.items():
-            print(f"{key:>12}: {' '.join(value) if isinstance(value, list) else value}")
+            print(f"{key:>12}: {' '.join(map(str, value)) if isinstance(value, list) else value}")
     return 0
 
 

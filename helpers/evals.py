@@ -46,7 +46,7 @@ import openai
 import pandas as pd
 
 from helpers import corpus
-from helpers.session import EndpointError
+from helpers.session import EndpointError, Lab
 from helpers.toolcall_eval import arguments_match, wilson_interval
 from helpers.tools import TOOLS, UNITS
 
@@ -298,7 +298,7 @@ def _request(task: Task, suite: Suite, settings: EvalSettings) -> dict[str, Any]
     return kwargs
 
 
-def run_task(lab: Any, task: Task, suite: Suite, settings: EvalSettings | None = None) -> dict[str, Any]:
+def run_task(lab: Lab, task: Task, suite: Suite, settings: EvalSettings | None = None) -> dict[str, Any]:
     """One task through the endpoint, scored: id, category, kind, passed, each check, error, latency_s, output."""
     settings = settings or EvalSettings()
     row: dict[str, Any] = {"id": task.id, "category": task.category, "kind": task.kind, "passed": False}
@@ -391,7 +391,7 @@ def load_run(path: str | Path) -> EvalRun:
                    data.get("wall_s", 0.0))
 
 
-def run_suite(lab: Any, suite: str | Suite = DEFAULT_SUITE, settings: EvalSettings | None = None,
+def run_suite(lab: Lab, suite: str | Suite = DEFAULT_SUITE, settings: EvalSettings | None = None,
               progress: bool = False) -> EvalRun:
     """Run every task of a suite against ``lab`` (a ``helpers.session.Lab``), one at a time."""
     suite = load_suite(suite) if isinstance(suite, str) else suite

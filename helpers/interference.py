@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -27,6 +27,9 @@ from helpers.comparison import BETTER, SAME, WORSE, Verdict, compare_samples
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.loadgen import prompt_factory
 from helpers.stream_timing import StreamTiming, stream_chat
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 # A gap overlapping the long prefill counts as a stall when it is this many times the steady median gap.
 STALL_FACTOR = 3.0
@@ -63,7 +66,7 @@ class StallResult:
                 "gaps_during_prefill": int(len(during))}
 
 
-def measure_prefill_stall(lab: Any, n_streams: int = 4, stream_tokens: int = 400, long_prompt_tokens: int = 3000,
+def measure_prefill_stall(lab: Lab, n_streams: int = 4, stream_tokens: int = 400, long_prompt_tokens: int = 3000,
                           settle_s: float = 0.5, seed: int = 0, steady_chunks: int = 6,
                           wait_s: float = 120.0) -> StallResult:
     """Run the experiment against ``lab`` (helpers.session.Lab); raises RuntimeError if a request failed.
@@ -108,13 +111,13 @@ def measure_prefill_stall(lab: Any, n_streams: int = 4, stream_tokens: int = 400
     return StallResult([s for s in streams if s is not None], long, long.t_sent, long.t_first_token)
 
 
-def measure_stall_configs(lab: Any, budgets: dict[str, Any], n_streams: int, long_prompt_tokens: int,
+def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, long_prompt_tokens: int,
                           repeats: int = 1, rounds: int = 1) -> dict[str, list[StallResult]]:
     """The stall under each ``--max-num-batched-tokens`` value of ``budgets`` (name -> value; None: the
     engine's default), ``repeats`` runs per engine start, configurations interleaved for ``rounds`` rounds
     (A B A B: each switch restarts the engine). The engine ends on the flag it started with."""
     from helpers.comparison import interleave
-    from helpers.engine import flag_value
+    from helpers.vllm_args import flag_value
 
     start = flag_value(lab.engine.args(), "--max-num-batched-tokens")
 

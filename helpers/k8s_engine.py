@@ -36,12 +36,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
-from helpers.engine import (GPU_START_TIMEOUT_S, Engine, EngineConfig, EngineError, EngineStartError, first_token_error,
-                            flag_value, log_excerpt)
+from helpers.engine import GPU_START_TIMEOUT_S, Engine, EngineError, EngineStartError, NotServing, log_excerpt
 from helpers.provision import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
 from helpers.settings import Settings
+from helpers.vllm_args import EngineConfig, describe_change, parse_args, server_args
 
 DEFAULT_DEPLOYMENT = "vllm"  # k8s/base/vllm.yaml (a test keeps these equal)
 DEFAULT_CONTAINER = "vllm"
@@ -55,54 +53,9 @@ TIMED_OUT = "timed out waiting for the condition"  # what `kubectl rollout statu
 # A container waiting for one of these reasons will not become ready without a change.
 FAILED_WAITING_REASONS = frozenset({"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                                     "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
-_MODEL_FLAGS = ("--model", "--served-model-name")
 
 
-# ---------------------------------------------------------------- container args and env (pure functions)
-
-def _name(token: str) -> str:
-    return token.split("=", 1)[0].replace("_", "-")
-
-
-def parse_args(args: Sequence[str]) -> tuple[str | None, str | None, tuple[str, ...], bool]:
-    """(model, served name, other flags, model given positionally) from a vLLM container's args.
-
-    The model is ``--model M``, ``--model=M`` or a leading positional argument (``vllm serve M``);
-    of several ``--served-model-name`` aliases the first is kept.
-    """
-    tokens = list(args)
-    model: str | None = None
-    served: str | None = None
-    positional = bool(tokens) and not tokens[0].startswith("-")
-    if positional:
-        model, tokens = tokens[0], tokens[1:]
-    rest: list[str] = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name = _name(token)
-        if name not in _MODEL_FLAGS:
-            rest.append(token)
-            i += 1
-            continue
-        if "=" in token:
-            value, i = token.split("=", 1)[1], i + 1
-        else:
-            value, i = (tokens[i + 1] if i + 1 < len(tokens) else ""), i + 2
-        while name == "--served-model-name" and i < len(tokens) and not tokens[i].startswith("-"):
-            i += 1  # further aliases
-        if name == "--model":
-            model = value
-        else:
-            served = value
-    return model, served or model, tuple(rest), positional
-
-
-def container_args(config: EngineConfig, positional: bool = False) -> list[str]:
-    """The container's args for a configuration: model and served name first, then the flags."""
-    head = [config.model] if positional else ["--model", config.model]
-    return [*head, "--served-model-name", config.served_name, *config.args]
-
+# ---------------------------------------------------------------- container env (pure functions)
 
 def literal_env(env: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
     """The container's plain ``name: value`` variables; references (Secrets, ConfigMaps) are left out, unresolved."""
@@ -124,35 +77,6 @@ def merged_env(env: Sequence[Mapping[str, Any]], wanted: Mapping[str, str]) -> l
     present = {e["name"] for e in out}
     out += [{"name": k, "value": v} for k, v in sorted(wanted.items()) if k not in present]
     return out
-
-
-def _flags(args: Sequence[str]) -> dict[str, str | bool]:
-    names = dict.fromkeys(_name(t) for t in args if t.startswith("--"))
-    return {n: v for n in names if (v := flag_value(args, n)) is not None}
-
-
-def _show(name: str, value: str | bool) -> str:
-    return name if value is True else f"{name} {value}"
-
-
-def describe_change(old: EngineConfig, new: EngineConfig) -> str:
-    """What differs between two configurations, in words: ``--max-num-seqs 32 -> 64, --enforce-eager added``."""
-    parts = []
-    if new.model != old.model:
-        parts.append(f"model {old.model} -> {new.model}")
-    if new.served_name != old.served_name:
-        parts.append(f"served name {old.served_name} -> {new.served_name}")
-    before, after = _flags(old.args), _flags(new.args)
-    for name, value in after.items():
-        if name not in before:
-            parts.append(f"{_show(name, value)} added")
-        elif before[name] != value:
-            parts.append(f"{name} {before[name]} -> {value}")
-    parts += [f"{name} removed" for name in before if name not in after]
-    env_before, env_after = dict(old.env), dict(new.env)
-    parts += [f"env {k}={v}" for k, v in env_after.items() if env_before.get(k) != v]
-    parts += [f"env {k} removed" for k in env_before if k not in env_after]
-    return ", ".join(parts) or "a restart on the same configuration"
 
 
 # ---------------------------------------------------------------- pods and events (pure functions)
@@ -348,7 +272,7 @@ class KubernetesEngine(Engine):
         path = f"/spec/template/spec/containers/{index}"
         _, _, _, positional = parse_args(c.get("args", []))
         ops: list[dict[str, Any]] = []
-        args = container_args(config, positional)
+        args = server_args(config, positional)
         if args != c.get("args"):
             ops.append({"op": "add", "path": f"{path}/args", "value": args})  # add replaces an existing member
         env = c.get("env", [])
@@ -398,24 +322,10 @@ class KubernetesEngine(Engine):
                 raise _RolloutFailed(failure[0], pod, failure[1] or self.container)
 
     def _wait_served(self, expected: str, selector: str, old_pods: set[str], deadline: float, timeout_s: float) -> None:
-        while True:
-            try:
-                served = self.served_models(timeout_s=3.0)
-                if expected in served:
-                    error = first_token_error(self.settings, expected)
-                    if error is None:
-                        return
-                    raise _RolloutFailed(f"the engine lists {expected!r} but could not generate a token ({error})",
-                                         newest_pod(self._pods(selector), old_pods), self.container)
-                if served:  # Recreate: once rolled out, only the new pod answers
-                    raise _RolloutFailed(f"the engine serves {served}, not {expected!r}",
-                                         newest_pod(self._pods(selector), old_pods), self.container)
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.monotonic() >= deadline:
-                raise _RolloutFailed(f"{self.settings.base_url}/models did not list {expected!r} within {timeout_s:.0f} s",
-                                     newest_pod(self._pods(selector), old_pods), self.container)
-            time.sleep(self.ready_poll_s)
+        try:
+            self.wait_serving(expected, deadline, timeout_s)
+        except NotServing as err:  # Recreate: once rolled out, only the new pod answers
+            raise _RolloutFailed(err.reason, newest_pod(self._pods(selector), old_pods), self.container) from None
 
     def _remember(self, config: EngineConfig) -> None:
         """Keep ``config`` as the last good one: in memory and in the Deployment's annotation."""

@@ -25,7 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 FORCE_ISA_VARIABLE = "WORKSHOP_CPU_ISA"
 AVX512_FLAGS = frozenset({"avx512f", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
@@ -330,7 +333,7 @@ def judge_quiet(report: QuietReport) -> QuietReport:
     return report
 
 
-def check_quiet(lab: Any = None, sample_s: float = 1.0) -> QuietReport:
+def check_quiet(lab: Lab | None = None, sample_s: float = 1.0) -> QuietReport:
     """Sample the idle machine for ``sample_s`` (CPU busy and steal shares, timer lag), list other vLLM
     servers, and warn about each finding that would distort a timing."""
     engine = getattr(lab, "engine", None)

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Union
 
 from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural
 from helpers.gpus import GPU, get_gpu
+from helpers.vllm_args import flag_value
 
 ModelSource = Union[str, os.PathLike, Mapping[str, Any]]
 
@@ -960,8 +961,6 @@ def conclude_engine_comparison(comparison: "pd.DataFrame | None", profile: str) 
 
 def predict_cpu_engine_kv(model_dir: ModelSource, engine_args: list[str] | tuple[str, ...]) -> VllmKVCache:
     """What vLLM's CPU build will report for a model started with these flags (--kv-cache-memory-bytes, --max-model-len)."""
-    from helpers.engine import flag_value
-
     kv_memory, max_len = flag_value(engine_args, "--kv-cache-memory-bytes"), flag_value(engine_args, "--max-model-len")
     if not isinstance(kv_memory, str) or not isinstance(max_len, str):
         raise ConfigError("the engine's flags need --kv-cache-memory-bytes and --max-model-len for a CPU prediction")

@@ -9,12 +9,15 @@ model difference can explain implausible. ``moe_gpu_caveat`` is the labelled GPU
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from helpers.comparison import BETTER, SAME, UNKNOWN, compare_samples, interleave
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
 # reads more. A decode rate this many times the dense one is no model difference but a disturbed run.
@@ -23,7 +26,7 @@ IMPLAUSIBLE_RATIO = 1.5
 NOISY_REL = 0.5
 
 
-def measure_decode(lab: Any, models: list[str], batches: list[int], input_len: int, output_len: int,
+def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: int, output_len: int,
                    requests_per_stream: int, repeats: int, rounds: int, bandwidth_gb_s: float) -> pd.DataFrame:
     """One row per (model, batch, run): client throughput, the engine's own step time (from
     ``vllm:inter_token_latency_seconds``), decode tokens/s from it, and the roofline ceiling and MBU at

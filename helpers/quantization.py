@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from helpers.comparison import BETTER, SAME, WORSE, compare_samples
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.machine import capability, model_feature
 from helpers.stream_timing import stream_chat
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
 
@@ -31,7 +34,7 @@ def skip_reason(profile: str, model_dir: Path | None = None, kv_cache_dtype: str
     return None
 
 
-def decode_rate_tok_s(lab: Any, tokens: int = 16) -> float:
+def decode_rate_tok_s(lab: Lab, tokens: int = 16) -> float:
     """Single-stream decode rate (tokens/s) of what the engine serves now: one short forced-length request."""
     timing = stream_chat(lab.client, lab.model, [{"role": "user", "content": "hi"}], max_tokens=tokens,
                          extra_body={"ignore_eos": True, "min_tokens": tokens})

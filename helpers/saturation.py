@@ -24,13 +24,16 @@ judged against. ``relative_slos`` sets goodput SLOs as multiples of this machine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 KV_FULL = 0.90  # KV usage (fraction) counted as full
 WAITING_SHARE = 0.20  # share of samples with requests waiting that counts as "requests wait"
@@ -337,7 +340,7 @@ def saturation_caveat(profile: str, cores: int | None = None) -> Conclusion:
                       "than the cost of one sequence. The cap story is the same; the numbers are not.")
 
 
-def run_cap_sweep(lab: Any, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
+def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
                   min_requests: int = 8, sample_interval_s: float = 0.25) -> tuple[list[Any], SweepAnalysis]:
     """Restart on ``--max-num-seqs cap``, run one closed-loop load per concurrency with the server's gauges
     sampled, and analyze the sweep. Returns the load results and the analysis."""

@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
 
 from helpers.evals import EvalRun
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
+    from helpers.settings import Settings
 
 SPEED_FIELDS = {  # bench summary field -> scorecard column suffix
     "output_throughput": "output_tok_s",
@@ -164,7 +168,7 @@ def _format(value: Any, digits: int) -> str:
     return str(value)
 
 
-def measure_config(lab_or_settings: Any, name: str, concurrencies: Iterable[int] = (1, 8), input_len: int = 256,
+def measure_config(lab_or_settings: Lab | Settings, name: str, concurrencies: Iterable[int] = (1, 8), input_len: int = 256,
                    output_len: int = 64, num_requests: int = 32, suite: str | None = "smoke",
                    model_dir: str | Path | None = None, extra: dict[str, Any] | None = None,
                    evals_run: EvalRun | None = None) -> dict[str, Any]:

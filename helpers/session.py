@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import openai
 
-from helpers.engine import Engine, LocalEngine, list_models, make_engine
+from helpers.engine import Engine, ExternalEngine, list_models
+from helpers.local_engine import LocalEngine
 from helpers.settings import Settings, load_settings
 
 CONNECT_TIMEOUT_S = 5.0
@@ -81,6 +82,17 @@ def make_client(settings: Settings, timeout_s: float = 120.0) -> openai.OpenAI:
     """An OpenAI client for the endpoint (no automatic retries: failures should show)."""
     return openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key or "EMPTY",
                          timeout=timeout_s, max_retries=0)
+
+
+def make_engine(settings: Settings) -> Engine:
+    """The backend for these settings: the participant's Deployment (k8s), a local process, or read-only external."""
+    if settings.profile == "k8s":
+        from helpers.k8s_engine import KubernetesEngine  # imports kubectl helpers only the k8s profile needs
+
+        return KubernetesEngine(settings)
+    if settings.managed:
+        return LocalEngine(settings)
+    return ExternalEngine(settings)
 
 
 def connect(settings: Settings | None = None, start: bool = True) -> Lab:

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from helpers.bench_results import requests_frame, summarize
 from helpers.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
-from helpers.engine import flag_value
+from helpers.vllm_args import flag_value
 from helpers.evals import load_suite
 from helpers.loadgen import Load, Workload, run_load
 from helpers.server_metrics import scrape, window
 from helpers.settings import models_dir
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 
 def spec_config(method: str, num_speculative_tokens: int, model: str | None = None, **options: Any) -> str:
@@ -55,7 +58,7 @@ def agent_workload(suite: str = "agent-v1", max_tokens: int = 64,
     return Workload(output_len=max_tokens, exact_output=False, prompts=prompts, extra_body={"tools": loaded.tools})
 
 
-def measure_speculation(lab: Any, name: str, concurrencies: list[int], workload: Workload,
+def measure_speculation(lab: Lab, name: str, concurrencies: list[int], workload: Workload,
                         requests_per_stream: int = 4, min_requests: int = 8) -> list[dict[str, Any]]:
     """One row per concurrency: throughput, TTFT/TPOT, tokens per chunk seen by the client, and the
     server's acceptance rate and mean acceptance length over that run (None without speculation)."""
@@ -80,7 +83,7 @@ BASELINE = "no speculation"
 SPEC_FLAG = "--speculative-config"
 
 
-def run_methods(lab: Any, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
+def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
                 repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
                 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C A B C

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from helpers import corpus
 from helpers.agent import run_agent
 from helpers.tools import evaluate_expression
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 
 def arguments_match(name: str, got: Any, expected: dict[str, Any]) -> bool:
@@ -37,7 +40,7 @@ def arguments_match(name: str, got: Any, expected: dict[str, Any]) -> bool:
     return got == expected
 
 
-def run_case(lab: Any, example: corpus.Example) -> dict[str, Any]:
+def run_case(lab: Lab, example: corpus.Example) -> dict[str, Any]:
     """One held-out case through the agent loop, scored."""
     question = example.messages[0]["content"]
     run = run_agent(lab, question, max_steps=2)
@@ -90,7 +93,7 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def evaluate(lab: Any, n_per_kind: int = 20, novel: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
+def evaluate(lab: Lab, n_per_kind: int = 20, novel: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Run the held-out set (and the unseen-city set); returns per-case rows and a summary."""
     rows = pd.DataFrame([run_case(lab, ex) for ex in corpus.heldout_cases(n_per_kind)])
     summary = summarize(rows)

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from helpers.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples, relative_spread
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
-from helpers.engine import EngineConfig
+from helpers.vllm_args import EngineConfig, server_args
 from helpers.settings import GPU_MODEL, Settings, models_dir
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.session import Lab
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def decide(current: dict[str, Any], candidate: dict[str, Any], rule: Rule, regre
     return Decision(ok, tuple(reasons), label)
 
 
-def measure_repeated(lab: Any, name: str, concurrencies: list[int], input_len: int, output_len: int,
+def measure_repeated(lab: Lab, name: str, concurrencies: list[int], input_len: int, output_len: int,
                      num_requests: int, eval_suite: str | None = "smoke", repeats: int = 2) -> tuple[dict[str, Any], Any]:
     """One scorecard row (helpers.scorecard.measure_config) whose speed columns are the mean of ``repeats``
     back-to-back load runs on the running engine, each kept in ``<column>_runs``; the eval runs once.
@@ -203,10 +206,10 @@ def _deployable_model(config: EngineConfig, model: str | None) -> str:
 def command_line(config: EngineConfig, model: str | None = None) -> str:
     """``vllm serve`` with the model (``model``, else the configuration's unless it is a local path), served
     name, flags and environment, shell-quoted."""
-    name = _deployable_model(config, model)
-    served = config.served_name if model is None else model
+    config = replace(config, model=_deployable_model(config, model),
+                     served_name=config.served_name if model is None else model)
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in config.env)
-    cmd = shlex.join(["vllm", "serve", name, "--served-model-name", served, *config.args])
+    cmd = shlex.join(["vllm", "serve", *server_args(config, positional=True)])
     return f"{env} {cmd}" if env else cmd
 
 
@@ -215,12 +218,10 @@ def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: st
     """A strategic-merge patch (YAML) that sets the vLLM container's args to ``config`` with the cluster's
     ``model`` (else the configuration's unless it is a local path): add it to an overlay's ``patches:`` in
     k8s/ so the next provisioning starts on the tuned flags."""
-    from helpers.k8s_engine import container_args
-
     name = _deployable_model(config, model)
     config = replace(config, model=name, served_name=config.served_name if model is None else model)
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
-             "spec": {"template": {"spec": {"containers": [{"name": container, "args": container_args(config)}]}}}}
+             "spec": {"template": {"spec": {"containers": [{"name": container, "args": server_args(config)}]}}}}
     return yaml.safe_dump(patch, sort_keys=False)
 
 

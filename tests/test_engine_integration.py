@@ -14,7 +14,8 @@ import nbformat
 import pytest
 
 from helpers.agent import run_agent
-from helpers.engine import EngineStartError, flag_value
+from helpers.engine import EngineStartError
+from helpers.vllm_args import flag_value
 from helpers.machine import capability
 from helpers.notebooks import REPO_ROOT, run_notebook
 from helpers.session import EndpointError, connect

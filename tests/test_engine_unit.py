@@ -4,27 +4,10 @@ import socket
 
 import pytest
 
-from helpers.engine import EngineConfig, EngineError, LocalEngine, default_config, flag_value, log_excerpt, with_flag
+from helpers.engine import EngineError, default_config, log_excerpt
+from helpers.local_engine import LocalEngine
+from helpers.vllm_args import EngineConfig, flag_value
 from helpers.settings import load_settings
-
-ARGS = ("--max-model-len", "4096", "--enforce-eager", "--tool-call-parser", "hermes")
-
-
-def test_with_flag_replaces_appends_and_removes():
-    assert flag_value(with_flag(ARGS, "--max-model-len", 2048), "max_model_len") == "2048"
-    assert with_flag(ARGS, "max-num-seqs", 8)[-2:] == ("--max-num-seqs", "8")
-    assert "--enforce-eager" not in with_flag(ARGS, "--enforce-eager", False)
-    assert flag_value(with_flag(ARGS, "--enforce-eager", None), "--enforce-eager") is None
-    assert flag_value(ARGS, "--enforce-eager") is True
-    spec = with_flag(ARGS, "--speculative-config", {"method": "ngram", "num_speculative_tokens": 3})
-    assert flag_value(spec, "--speculative-config") == '{"method": "ngram", "num_speculative_tokens": 3}'
-
-
-def test_with_flag_understands_equals_form():
-    args = ("--max-num-seqs=16", "--enforce-eager")
-    assert flag_value(args, "--max-num-seqs") == "16"
-    assert with_flag(args, "--max-num-seqs", 32) == ("--enforce-eager", "--max-num-seqs", "32")
-
 
 def test_log_excerpt_keeps_the_error_and_drops_argparse_usage():
     log = "\n".join(["INFO starting", "usage: api_server.py [-h]", "                [--log-error-stack]",

@@ -17,9 +17,8 @@ import pandas as pd
 import pytest
 
 from helpers import corpus, eval_cli, evals
-from helpers.engine import make_engine
 from helpers.evals import EvalRun, EvalSettings, Reply, Task
-from helpers.session import EndpointError, Lab, make_client
+from helpers.session import EndpointError, Lab, make_client, make_engine
 from helpers.settings import load_settings
 from helpers.toolcall_eval import wilson_interval
 from helpers.tools import TOOL_NAMES, call_tool, city_catalog

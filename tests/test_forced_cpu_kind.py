@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.engine import EngineStartError, flag_value
+from helpers.engine import EngineStartError
+from helpers.vllm_args import flag_value
 from helpers.notebooks import REPO_ROOT, run_notebook
 from helpers.session import connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings

@@ -27,7 +27,9 @@ import yaml
 from fake_vllm import FakeVllm
 
 from helpers import k8s_engine as ke
-from helpers.engine import EngineConfig, EngineError, EngineStartError, default_config, flag_value, make_engine
+from helpers.engine import EngineError, EngineStartError, default_config
+from helpers.session import make_engine
+from helpers.vllm_args import EngineConfig, flag_value
 from helpers.provision import K8S_DIR
 from helpers.settings import load_settings
 
@@ -120,22 +122,6 @@ def test_defaults_and_the_fixture_match_the_manifests():
                     if d["metadata"]["name"] == "vllm")
     assert container(recorded, "vllm")["args"] == vllm["args"]  # the fixture has not drifted from k8s/base
     assert [e["name"] for e in container(recorded, "vllm")["env"]] == [e["name"] for e in vllm["env"]]
-
-
-def test_parse_args_reads_flag_equals_and_positional_forms():
-    assert ke.parse_args(["--model", "m", "--served-model-name", "s", "--max-num-seqs", "8"]) == (
-        "m", "s", ("--max-num-seqs", "8"), False)
-    assert ke.parse_args(["--model=m", "--enforce-eager"]) == ("m", "m", ("--enforce-eager",), False)
-    assert ke.parse_args(["m", "--served-model-name", "a", "b", "--enforce-eager"]) == ("m", "a", ("--enforce-eager",), True)
-    config = EngineConfig("m", "s", ("--x", "1"))
-    assert ke.parse_args(ke.container_args(config, positional=True))[:3] == ("m", "s", ("--x", "1"))
-
-
-def test_describe_change_names_each_difference():
-    old = EngineConfig("m", "m", ("--max-num-seqs", "32", "--enforce-eager"))
-    new = EngineConfig("m", "m", ("--max-num-seqs", "64", "--kv-cache-dtype", "fp8"), (("A", "1"),))
-    assert ke.describe_change(old, new) == "--max-num-seqs 32 -> 64, --kv-cache-dtype fp8 added, --enforce-eager removed, env A=1"
-    assert ke.describe_change(old, old) == "a restart on the same configuration"
 
 
 def test_the_k8s_profile_needs_a_namespace():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from helpers.engine import LocalEngine
+from helpers.local_engine import LocalEngine
 from helpers.machine import capability, model_feature
 from helpers.session import connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings, models_dir

@@ -4,7 +4,7 @@ import shlex
 
 import yaml
 
-from helpers.engine import EngineConfig
+from helpers.vllm_args import EngineConfig
 import pytest
 
 from helpers.tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
