@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,21 +91,55 @@ def _error(message: str) -> int:
     return 2
 
 
-def _number(flag: str, text: str, kind: type = int, minimum: float = 1) -> Any:
+def checked_number(text: str, kind: type = int, minimum: float | None = 1, maximum: float | None = None,
+                   above: bool = False) -> Any:
+    """``text`` as a finite ``kind`` (int or float) >= ``minimum`` (> with ``above``) and <= ``maximum``;
+    ValueError saying what is needed (an int also reads ``2e9``)."""
     try:
         value = kind(text)
     except ValueError:
-        raise UsageError(f"{flag} needs a {'whole ' if kind is int else ''}number (got {text!r})") from None
-    if value < minimum:
-        raise UsageError(f"{flag} must be >= {minimum:g} (got {text!r})")
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if kind is not int or not number.is_integer():
+            raise ValueError(f"needs a {'whole ' if kind is int else ''}number (got {text!r})") from None
+        value = int(number)
+    if not math.isfinite(value):
+        raise ValueError(f"needs a finite number (got {text!r})")
+    low = minimum is not None and (value <= minimum if above else value < minimum)
+    if low or (maximum is not None and value > maximum):
+        bounds = ([f"{'>' if above else '>='} {minimum:g}"] if minimum is not None else []) + \
+                 ([f"<= {maximum:g}"] if maximum is not None else [])
+        raise ValueError(f"must be {' and '.join(bounds)} (got {text!r})")
     return value
+
+
+def number_type(kind: type = int, minimum: float | None = 1, maximum: float | None = None,
+                above: bool = False) -> Any:
+    """An argparse ``type=`` for ``checked_number``: a bad value is a one-line usage error naming the flag."""
+    def parse(text: str) -> Any:
+        try:
+            return checked_number(text, kind, minimum, maximum, above)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _number(flag: str, text: str, kind: type = int, minimum: float = 1, above: bool = False) -> Any:
+    try:
+        return checked_number(text, kind, minimum, above=above)
+    except ValueError as err:
+        raise UsageError(f"{flag} {err}") from None
 
 
 def _list(flag: str, text: str, kind: type) -> list[Any]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise UsageError(f"{flag} needs comma-separated values, e.g. 1,8,32")
-    values = [_number(flag, t, kind, minimum=1e-9 if kind is float else 1) for t in items]
+    values = [_number(flag, t, kind, minimum=0 if kind is float else 1, above=kind is float) for t in items]
     if sorted(set(values)) != values:
         raise UsageError(f"{flag} values must be increasing and distinct (got {text!r})")
     return values
@@ -128,12 +163,28 @@ def _slos(text: str | None) -> dict[str, float] | None:
         key, sep, value = pair.partition("=")
         if not sep:
             raise UsageError(f"--slo needs KEY=MS pairs, e.g. ttft_ms=500,tpot_ms=50 (got {pair!r})")
-        slos[key.strip()] = _number("--slo", value, float, minimum=1e-9)
+        slos[key.strip()] = _number("--slo", value, float, minimum=0, above=True)
     try:
         bench_results.parse_slos(slos)
     except ValueError as err:
         raise UsageError(f"--slo: {err}") from None
     return slos
+
+
+def output_path_problem(flag: str, path: str | None) -> str | None:
+    """Why ``path`` cannot take a file ``flag`` writes (a directory, or under a file), or None: checked
+    before a run, so that minutes of measurement do not end in a traceback."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path} is a directory: give the path of a file (inside it, say)"
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{flag} {path}: {parent} is a file, not a directory"
+            break
+    return None
 
 
 def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str, float] | None]:
@@ -144,7 +195,7 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str,
                                                                       minimum=0),
                         turns=_number("--turns", args.turns),
                         min_tokens=not args.vllm_bench_requests, usage_per_chunk=not args.vllm_bench_requests)
-    duration = None if args.duration is None else _number("--duration", args.duration, float, minimum=1e-9)
+    duration = None if args.duration is None else _number("--duration", args.duration, float, minimum=0, above=True)
     num = None if args.num_requests is None else _number("--num-requests", args.num_requests)
     if num is None and duration is None:
         num = DEFAULT_NUM_REQUESTS
@@ -152,13 +203,18 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str,
     if cap is not None and args.rate is None:
         raise UsageError("--max-concurrency caps an open loop: use it with --rate (with --concurrency it is the cap)")
     base = Load(num_requests=num, duration_s=duration, warmup_requests=_number("--warmup", args.warmup, minimum=0),
-                burstiness=_number("--burstiness", args.burstiness, float, minimum=1e-9), max_concurrency=cap)
+                burstiness=_number("--burstiness", args.burstiness, float, minimum=0, above=True),
+                max_concurrency=cap)
     sweep: dict[str, Any] = {"load": base}
     if args.concurrency is not None:
         sweep["concurrencies"] = _list("--concurrency", args.concurrency, int)
     else:
         sweep["rates"] = _list("--rate", args.rate, float)
     slos = _slos(args.slo)
+    for flag, path in (("--json", args.json), ("--csv", args.csv)):
+        problem = output_path_problem(flag, path)
+        if problem:
+            raise UsageError(problem)
     try:
         workload.validate()
         sweep_loads(base, sweep.get("concurrencies"), sweep.get("rates"))
@@ -208,10 +264,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
         analysis = analyze_sweep(summaries, [r.gauges for r in results], max_num_seqs)
         print(f"saturation: {analysis.reason}")
-    if args.json:
-        print(f"saved {bench_results.save_json(summaries, args.json)}")
-    if args.csv:
-        print(f"saved {bench_results.save_csv(summaries, args.csv)}")
+    try:
+        if args.json:
+            print(f"saved {bench_results.save_json(summaries, args.json)}")
+        if args.csv:
+            print(f"saved {bench_results.save_csv(summaries, args.csv)}")
+    except OSError as err:
+        return _error(f"could not save the results ({err.strerror or err}: {err.filename}); the table above has them")
     stopped = [s for s in summaries if s["interrupted"]]
     if stopped:
         print(f"stopped early: {stopped[-1]['stop_reason']}", file=sys.stderr)
@@ -240,7 +299,11 @@ def run_metrics(args: argparse.Namespace) -> int:
             path = Path(args.file)
             if not path.is_file():
                 return _error(f"no such file: {path}")
-            snap = server_metrics.parse_metrics(path.read_text(), args.model)
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                return _error(f"cannot read {path} as text ({type(err).__name__}): give a saved /metrics text")
+            snap = server_metrics.parse_metrics(text, args.model)
         else:
             url = args.url or load_settings().metrics_url
             snap = server_metrics.scrape(url, model=args.model)

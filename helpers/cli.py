@@ -83,21 +83,41 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _usage_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """Execute notebooks headless against the engine; stop at the first error."""
-    from helpers.notebooks import NotebookRunError, parse_parameters, run_notebook, workshop_notebooks
+    """Execute notebooks headless against the engine; stop at the first error.
+
+    Every -p NAME=VALUE is checked against the notebooks' parameters cells before the engine starts;
+    it goes to the notebooks that have NAME and is refused only when none of them has it.
+    """
+    from helpers.notebooks import (NotebookRunError, ParameterError, check_parameters, read_notebook, run_notebook,
+                                   workshop_notebooks)
 
     paths = [Path(p) for p in args.notebooks] or workshop_notebooks()
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        folders = " (name the .ipynb files in a folder)" if any(Path(p).is_dir() for p in missing) else ""
+        return _usage_error(f"no such notebook: {', '.join(missing)}{folders}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return _usage_error(f"--out {out} is a file: give a directory for the executed copies")
+    try:
+        parameters = check_parameters(args.param, {p.name: read_notebook(p) for p in paths})
+    except (ParameterError, NotebookRunError) as err:
+        return _usage_error(str(err))
+    for name in dict.fromkeys(pair.partition("=")[0] for pair in args.param):
+        having = [path.name for path in paths if name in parameters[path.name]]
+        if len(paths) > 1 and len(having) < len(paths):
+            print(f"-p {name} goes to {', '.join(having)} (the other notebooks have no such parameter)")
     settings = load_settings()
     connect(settings)  # start or find the engine once, before any kernel starts
-    parameters = parse_parameters(args.param)
     for path in paths:
         try:
-            run = run_notebook(path, Path(args.out), parameters, timeout_s=args.cell_timeout)
+            run = run_notebook(path, out, parameters[path.name], timeout_s=args.cell_timeout)
         except NotebookRunError as err:
             print(f"FAILED {err}", file=sys.stderr)
             return 1
@@ -135,6 +155,11 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     from helpers.tiny_models import build, build_sibling
 
     out = Path(args.out or ("models/tiny-agent" if args.kind == "agent" else f"models/tiny-{args.kind}"))
+    if out.exists() and not out.is_dir():
+        return _usage_error(f"--out {out} is a file: give a directory for the model")
+    if args.kind != "agent" and not (Path(args.agent) / "tokenizer.json").is_file():
+        return _usage_error(f"--agent {args.agent} holds no tokenizer.json: the {args.kind} model takes the tiny agent's "
+                            "tokenizer; build the agent first (workshop build-model) or point --agent at it")
     if args.kind == "agent":
         records = build(out, args.stage1_steps, args.stage2_steps, args.batch_size)
     else:
@@ -149,6 +174,10 @@ def cmd_heldout(args: argparse.Namespace) -> int:
     """Measure the served model's tool calls on held-out phrasings."""
     from helpers.toolcall_eval import evaluate
 
+    for flag, path in (("--json", args.json), ("--csv", args.csv)):
+        problem = bench_cli.output_path_problem(flag, path)
+        if problem:
+            return _usage_error(problem)
     lab = connect()
     rows, summary = evaluate(lab, n_per_kind=args.n)
     print(json.dumps(summary, indent=1))
@@ -159,42 +188,50 @@ def cmd_heldout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary(func: object) -> str:
+    """A handler's docstring, first paragraph, as argparse help (which %-formats it: a bare % is doubled)."""
+    return (getattr(func, "__doc__", None) or "").split("\n\n")[0].replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    number = bench_cli.number_type
     parser = argparse.ArgumentParser(prog="workshop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("up", help=cmd_up.__doc__)
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for readiness")
+    p = sub.add_parser("up", help=_summary(cmd_up))
+    p.add_argument("--timeout", type=number(float, 0, above=True), default=None, help="seconds to wait for readiness")
     p.set_defaults(func=cmd_up)
-    sub.add_parser("down", help=cmd_down.__doc__).set_defaults(func=cmd_down)
-    p = sub.add_parser("status", help=cmd_status.__doc__)
+    sub.add_parser("down", help=_summary(cmd_down)).set_defaults(func=cmd_down)
+    p = sub.add_parser("status", help=_summary(cmd_status))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("lab", help=cmd_lab.__doc__, epilog="Other arguments go to JupyterLab (e.g. --no-browser).")
+    p = sub.add_parser("lab", help=_summary(cmd_lab), epilog="Other arguments go to JupyterLab (e.g. --no-browser).")
     p.set_defaults(func=cmd_lab, jupyter_args=[])
-    p = sub.add_parser("run", help=cmd_run.__doc__)
+    p = sub.add_parser("run", help=_summary(cmd_run), description=cmd_run.__doc__)
     p.add_argument("notebooks", nargs="*", help="notebook paths (default: all numbered notebooks)")
-    p.add_argument("-p", "--param", action="append", default=[], help="override a parameter: NAME=VALUE")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a parameter of the parameters cell, e.g. -p MAX_MODEL_LEN=1024 (repeatable)")
     p.add_argument("--out", default=str(Path("build") / "executed"), help="where executed copies go")
-    p.add_argument("--cell-timeout", type=int, default=1800,
+    p.add_argument("--cell-timeout", type=number(int, 1), default=1800,
                    help="seconds one cell may run (a tuning or sweep cell takes 10+ min on a slow 2-core CPU)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("build-model", help=cmd_build_model.__doc__)
+    p = sub.add_parser("build-model", help=_summary(cmd_build_model))
     p.add_argument("--kind", choices=["agent", *SIBLING_STEPS], default="agent")
     p.add_argument("--out", default=None, help="default: models/tiny-KIND (models/tiny-agent for the agent)")
-    p.add_argument("--stage1-steps", type=int, default=2000, help="agent only")
-    p.add_argument("--stage2-steps", type=int, default=500, help="agent only")
-    p.add_argument("--steps", type=int, default=None, help=f"siblings only (defaults: {SIBLING_STEPS})")
+    p.add_argument("--stage1-steps", type=number(int, 0), default=2000, help="agent only")
+    p.add_argument("--stage2-steps", type=number(int, 0), default=500, help="agent only")
+    p.add_argument("--steps", type=number(int, 0), default=None, help=f"siblings only (defaults: {SIBLING_STEPS})")
     p.add_argument("--agent", default="models/tiny-agent", help="siblings take this model's tokenizer")
-    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--batch-size", type=number(int, 1), default=48)
     p.set_defaults(func=cmd_build_model)
-    p = sub.add_parser("heldout", help=cmd_heldout.__doc__)
-    p.add_argument("--n", type=int, default=20, help="cases per kind")
+    p = sub.add_parser("heldout", help=_summary(cmd_heldout))
+    p.add_argument("--n", type=number(int, 1), default=20, help="cases per kind")
     p.add_argument("--csv", default=None, help="write per-case rows here")
     p.add_argument("--json", default=None, help="write the summary here")
     p.set_defaults(func=cmd_heldout)
-    p = sub.add_parser("machine", help=cmd_machine.__doc__)
+    p = sub.add_parser("machine", help=_summary(cmd_machine))
     p.add_argument("--json", action="store_true")
-    p.add_argument("--sample", type=float, default=1.0, help="seconds of the quiet-machine sample")
+    p.add_argument("--sample", type=number(float, 0, 60, above=True), default=1.0,
+                   help="seconds of the quiet-machine sample (at most 60)")
     p.set_defaults(func=cmd_machine)
     bench_cli.register(sub)  # bench, metrics
     planner_cli.register(sub)  # memory, gpus

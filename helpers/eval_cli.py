@@ -17,6 +17,7 @@ import sys
 import pandas as pd
 
 from helpers import evals
+from helpers.bench_cli import number_type, output_path_problem
 from helpers.session import EndpointError, connect
 from helpers.settings import SettingsError, load_settings
 
@@ -26,7 +27,7 @@ SHOWN_FAILURES = 10
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add the ``eval`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "eval", help="agent evals against the current endpoint: pass rates per category with 95% intervals",
+        "eval", help="agent evals against the current endpoint: pass rates per category with 95%% intervals",
         description="Run a fixed, versioned suite of agent tasks (tool calls, answers from tool results, JSON under "
                     "structured outputs, plain answers) at temperature 0 with a fixed seed, or compare two saved "
                     "runs (exit 1 when a category regressed beyond noise: exact McNemar test on the shared tasks).")
@@ -35,7 +36,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--json", metavar="PATH", help="save the run (suite, model, endpoint, settings, rows, summary)")
     p.add_argument("--csv", metavar="PATH", help="save one row per task")
     p.add_argument("--seed", type=int, default=evals.DEFAULT_SEED, help="sampling seed sent with every request")
-    p.add_argument("--max-tokens", type=int, default=evals.DEFAULT_MAX_TOKENS, help="per answer")
+    p.add_argument("--max-tokens", type=number_type(int, 1), default=evals.DEFAULT_MAX_TOKENS, help="per answer")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="compare run B against baseline run A instead of running")
     p.set_defaults(func=run_eval)
@@ -81,8 +82,11 @@ def comparison_table(table: pd.DataFrame) -> pd.DataFrame:
 def _compare(path_a: str, path_b: str) -> int:
     try:
         a, b = evals.load_run(path_a), evals.load_run(path_b)
-    except (OSError, ValueError, KeyError) as err:
-        return _error(str(err) if not isinstance(err, KeyError) else f"a run file lacks the field {err}")
+    except OSError as err:
+        return _error(f"cannot read {err.filename} ({err.strerror or err}); give a file written by `workshop eval --json`")
+    except (ValueError, KeyError, TypeError) as err:
+        return _error(str(err) if isinstance(err, ValueError) else
+                      f"a run file is malformed ({type(err).__name__}: {err}); give files written by `workshop eval --json`")
     result = evals.compare(a, b)
     print(f"A: {path_a}  {a.suite} v{a.suite_version}  {a.model}")
     print(f"B: {path_b}  {b.suite} v{b.suite_version}  {b.model}")
@@ -103,6 +107,10 @@ def run_eval(args: argparse.Namespace) -> int:
     """Run the suite and print the per-category table, or compare two runs."""
     if args.compare:
         return _compare(*args.compare)
+    for flag, path in (("--json", args.json), ("--csv", args.csv)):
+        problem = output_path_problem(flag, path)
+        if problem:
+            return _error(problem)
     try:
         suite = evals.load_suite(args.suite)
         lab = connect(load_settings(), start=False)

@@ -73,6 +73,16 @@ CUDA_GRAPH_BYTES = GIB // 2  # captured CUDA graphs: typically 0.2-1 GiB (0 with
 DEFAULT_MAX_NUM_SEQS = 256  # the sampler's dummy batch in the profiling run (GPUs under 70 GiB)
 
 
+# The model_type values whose layers the planner builds as transformers does (the families the code below
+# special-cases, and the Llama-style ones it counts as they are); any other is counted as a Llama-style
+# decoder, and the plan says so.
+KNOWN_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl",
+    "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "gemma2", "gemma3", "gemma3_text", "deepseek_v2",
+    "deepseek_v3", "kimi_k2",
+})
+
+
 class ConfigError(ValueError):
     """A model config that is missing, unreadable or lacks a field the planner needs."""
 
@@ -193,6 +203,7 @@ class ModelShape:
     mla: MLAShape | None = None
     linear_attention: LinearAttentionShape | None = None
     quantization_config: Mapping[str, Any] | None = field(default=None, compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # assumptions the config left the planner to make
 
     @property
     def num_moe_layers(self) -> int:
@@ -229,6 +240,22 @@ def _moe_layers(cfg: Mapping[str, Any], num_layers: int, num_experts: int) -> tu
     freq = int(cfg.get("moe_layer_freq") or 1)  # DeepSeek
     return tuple(i not in mlp_only and (i + 1) % step == 0 and i >= first_dense and i % freq == 0
                  for i in range(num_layers))
+
+
+def _assumption_notes(cfg: Mapping[str, Any], model_type: str, num_heads: int, mla: bool) -> tuple[str, ...]:
+    """What the planner had to assume about this config, in sentences a plan prints beside its figures."""
+    notes = []
+    if model_type not in KNOWN_MODEL_TYPES:
+        which = f"model_type {model_type!r} is" if model_type else "config.json has no model_type, so it is"
+        notes.append(f"{which} not an architecture the planner knows (Llama, Mistral, Mixtral, Qwen2/Qwen3 dense, "
+                     "MoE, Next and VL, Gemma 2/3, DeepSeek-V2/V3, Kimi K2): its parameters are counted as for a "
+                     "Llama-style decoder (q/k/v/o projections, a gated MLP, two norms per layer); compare the total "
+                     "with the model card")
+    if "num_key_value_heads" not in cfg and not mla:
+        notes.append(f"config.json has no num_key_value_heads: assumed {num_heads}, equal to num_attention_heads "
+                     "(no grouped-query attention), as transformers does; if the model uses GQA its KV cache is "
+                     "smaller than shown")
+    return tuple(notes)
 
 
 def model_shape(source: ModelSource | ModelShape) -> ModelShape:
@@ -313,6 +340,7 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
         mla=mla,
         linear_attention=linear,
         quantization_config=top.get("quantization_config") or cfg.get("quantization_config"),
+        notes=_assumption_notes(cfg, model_type, num_heads, mla is not None),
     )
 
 
@@ -790,6 +818,7 @@ class MemoryPlan:
     gpu_memory_utilization: float | None = None
     overhead: Overhead | None = None
     kv_cache: VllmKVCache | None = None
+    notes: tuple[str, ...] = ()  # assumptions made for a config that left something out (ModelShape.notes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -830,7 +859,8 @@ def plan_memory(source: ModelSource, gpu: str | GPU | None = None, weight_dtype:
         w_bytes = weight_bytes(counts, dtype)
         w_source = f"estimate from config.json ({weight_format(dtype).source})"
     kv = kv_cache_bytes(shape, kv_dtype)
-    plan = MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv)
+    plan = MemoryPlan(shape.name, counts.total, counts.active, dtype, w_bytes, w_source, kv_dtype, kv,
+                      notes=shape.notes)
     if gpu is None and cpu_kv_cache_space_gib is None:
         return plan
     if max_model_len is None:

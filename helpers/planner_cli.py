@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from helpers import gpus, memory
+from helpers.bench_cli import number_type
 
 KV_DTYPES = ("bf16", "fp8")
 
@@ -25,19 +26,20 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("config", metavar="CONFIG", help="model directory holding config.json, or a config.json path")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--gpu", help="GPU name from `workshop gpus` (case-insensitive), e.g. H100-SXM")
-    target.add_argument("--cpu-kv-cache-space-gib", type=int, metavar="GIB",
+    target.add_argument("--cpu-kv-cache-space-gib", type=number_type(int, 1), metavar="GIB",
                         help="vLLM's CPU backend: the VLLM_CPU_KVCACHE_SPACE you start it with (block size 128)")
     p.add_argument("--weight-dtype", choices=list(memory.WEIGHT_FORMATS),
                    help="weight format (default: exact safetensors bytes if present, else quantization_config, else bf16)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache dtype (default bf16)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=memory.DEFAULT_GPU_MEMORY_UTILIZATION,
+    p.add_argument("--gpu-memory-utilization", type=number_type(float, 0, 1, above=True),
+                   default=memory.DEFAULT_GPU_MEMORY_UTILIZATION,
                    help=f"share of TOTAL GPU memory vLLM may use (default {memory.DEFAULT_GPU_MEMORY_UTILIZATION})")
-    p.add_argument("--max-model-len", type=int, help="tokens per request (default: max_position_embeddings)")
-    p.add_argument("--block-size", type=int,
+    p.add_argument("--max-model-len", type=number_type(int, 1), help="tokens per request (default: max_position_embeddings)")
+    p.add_argument("--block-size", type=number_type(int, 1),
                    help=f"KV block size in tokens (default: vLLM's, {memory.GPU_BLOCK_SIZE} on GPU, "
                         f"{memory.CPU_BLOCK_SIZE} on CPU)")
-    p.add_argument("--overhead-bytes", type=int,
-                   help="activations + non-torch + CUDA graphs in bytes (default: memory.estimate_overhead)")
+    p.add_argument("--overhead-bytes", type=number_type(int, 0),
+                   help="activations + non-torch + CUDA graphs in bytes, e.g. 2e9 (default: memory.estimate_overhead)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run_memory)
 
@@ -74,6 +76,7 @@ def memory_fields(plan: memory.MemoryPlan) -> dict[str, Any]:
         "sliding_kv_bytes_per_token": kv.sliding_bytes_per_token,
         "num_linear_attention_layers": kv.num_linear_layers,
         "linear_state_bytes_per_seq": kv.linear_state_bytes_per_seq,
+        "notes": list(plan.notes),
     }
     if plan.kv_cache is not None:
         c = plan.kv_cache
@@ -127,16 +130,13 @@ def _memory_table(plan: memory.MemoryPlan) -> str:
         if not c.fits:
             rows.append(("WARNING", "one max-model-len request does not fit: vLLM will refuse to start; lower "
                                     "--max-model-len or weights, or raise --gpu-memory-utilization"))
+    rows += [("note", note) for note in plan.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def run_memory(args: argparse.Namespace) -> int:
     """Handler of ``workshop memory``: print the plan; 2 on a missing config or unknown GPU."""
-    for flag in ("max_model_len", "block_size", "cpu_kv_cache_space_gib"):
-        value = getattr(args, flag)
-        if value is not None and value <= 0:
-            return _error(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
     try:
         plan = memory.plan_memory(args.config, gpu=args.gpu, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization,

@@ -1,6 +1,6 @@
 """The environment contract, read in one place.
 
-Variables: ``VLLM_HOST`` (base URL ending in /v1), ``MODEL_NAME``, ``VLLM_API_KEY``, ``NAMESPACE``,
+Variables: ``VLLM_HOST`` (the server root or its base URL ending in /v1), ``MODEL_NAME``, ``VLLM_API_KEY``, ``NAMESPACE``,
 ``WORKSHOP_PROFILE`` (``cpu``, ``gpu`` or ``k8s``) and ``WORKSHOP_PORT`` (local engine port).
 
 Profiles:
@@ -89,13 +89,42 @@ class Settings:
         }
 
 
+# Endpoints of the OpenAI API under /v1: a VLLM_HOST copied from a request URL loses them.
+OPENAI_ENDPOINTS = ("/chat/completions", "/completions", "/models", "/responses", "/embeddings")
+# Paths of vLLM's server root, and the OpenAI endpoints without their /v1: a VLLM_HOST ending in one is a mistake.
+SERVER_PATHS = ("/health", "/metrics", "/version", "/ping", "/docs", "/tokenize", "/detokenize", *OPENAI_ENDPOINTS)
+BASE_URL_FORM = "the server root or its /v1 base URL, e.g. http://vllm-engine:8000 or http://vllm-engine:8000/v1"
+
+
 def _normalize_base_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise SettingsError(f"VLLM_HOST must start with http:// or https:// (got {url!r}), e.g. http://vllm-engine:8000/v1")
-    if not url.endswith("/v1"):
-        url += "/v1"
-    return url
+    """VLLM_HOST as the OpenAI base URL ending in /v1: a server root gains /v1 (a proxy's path prefix is kept),
+    a known endpoint after /v1 is dropped; SettingsError showing the expected form for anything else."""
+    url = url.strip()
+    if not url.lower().startswith(("http://", "https://")):
+        raise SettingsError(f"VLLM_HOST must start with http:// or https:// (got {url!r}): give {BASE_URL_FORM}")
+    parts = urlsplit(url)
+    try:
+        parts.port  # raises ValueError on a port that is not a number
+    except ValueError:
+        raise SettingsError(f"VLLM_HOST has a port that is not a number (got {url!r}): give {BASE_URL_FORM}") from None
+    if not parts.hostname:
+        raise SettingsError(f"VLLM_HOST has no host name (got {url!r}): give {BASE_URL_FORM}")
+    if parts.query or parts.fragment:
+        raise SettingsError(f"VLLM_HOST must not carry a ?query or #fragment (got {url!r}): give {BASE_URL_FORM}")
+    path = parts.path.rstrip("/")
+    for endpoint in OPENAI_ENDPOINTS:
+        if path.endswith("/v1" + endpoint):
+            path = path[: -len(endpoint)]
+            break
+    segments = path.split("/")
+    server_path = next((p for p in SERVER_PATHS if path.endswith(p)), None)
+    if "v1" not in segments and server_path is None:  # the root, or a proxy's path prefix
+        path += "/v1"
+    elif segments[-1] != "v1" or segments.count("v1") > 1:
+        meant = "/".join(segments[: segments.index("v1") + 1]) if "v1" in segments else path[: -len(server_path)] + "/v1"
+        raise SettingsError(f"VLLM_HOST {url!r} is not {BASE_URL_FORM}; did you mean "
+                            f"{urlunsplit((parts.scheme, parts.netloc, meant, '', ''))}?")
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

@@ -64,7 +64,13 @@ def test_bench_against_an_unreachable_endpoint_is_one_line_and_exit_2(monkeypatc
 @pytest.mark.parametrize("flags, message", [
     (["--concurrency", "1,x"], "--concurrency needs a whole number"),
     (["--concurrency", "8,1"], "increasing"),
-    (["--rate", "0"], "--rate must be >="),
+    (["--rate", "0"], "--rate must be > 0 (got '0')"),
+    (["--rate", "nan"], "--rate needs a finite number (got 'nan')"),
+    (["--concurrency", "2", "--num-requests", "-5"], "--num-requests must be >= 1 (got '-5')"),
+    (["--concurrency", "2", "--warmup", "-1"], "--warmup must be >= 0 (got '-1')"),
+    (["--concurrency", "2", "--duration", "inf"], "--duration needs a finite number"),
+    (["--concurrency", "2", "--json", str(FIXTURE.parent)], f"--json {FIXTURE.parent} is a directory"),
+    (["--concurrency", "2", "--csv", str(FIXTURE / "runs.csv")], f"{FIXTURE} is a file, not a directory"),
     (["--concurrency", "2", "--max-concurrency", "4"], "--max-concurrency caps an open loop"),
     (["--concurrency", "2", "--slo", "latency_ms=3"], "unknown SLO"),
     (["--concurrency", "2", "--prefix", "shared"], "shared_prefix_len"),
@@ -88,6 +94,10 @@ def test_metrics_from_a_file_and_from_the_endpoint(fake, capsys):
 def test_metrics_errors_are_one_line_and_exit_2(capsys, tmp_path):
     assert run(["metrics", "--file", str(tmp_path / "missing.txt")]) == 2
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "weights.bin").write_bytes(bytes([0x98, 0xff, 0x00]))
+    assert run(["metrics", "--file", str(tmp_path / "weights.bin")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "as text (UnicodeDecodeError)" in err and err.count("\n") == 1
     assert run(["metrics", "--url", "http://127.0.0.1:1/metrics", "--json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Cannot read") and err.count("\n") == 1

@@ -416,3 +416,21 @@ def test_engine_comparison_verdict_flips_when_the_numbers_differ():
 def test_block_size_note_names_both_defaults():
     note = memory.block_size_note(128, "cpu")
     assert "128 tokens" in note and "16 is vLLM's default on a GPU" in note
+
+
+def test_a_config_that_leaves_something_out_gets_a_note_saying_what_was_assumed() -> None:
+    assert memory.model_shape(CONFIGS / "Llama-3.1-8B.json").notes == ()  # a known architecture, every field given
+    no_gqa_field = {k: v for k, v in _config("Llama-3.1-8B").items() if k != "num_key_value_heads"}
+    shape = memory.model_shape(no_gqa_field)
+    assert shape.num_kv_heads == shape.num_heads == 32  # transformers' default: one KV head per query head
+    [note] = shape.notes
+    assert "no num_key_value_heads: assumed 32, equal to num_attention_heads (no grouped-query attention)" in note
+    assert memory.kv_cache_bytes(no_gqa_field).bytes_per_token == 4 * 131_072  # 32 KV heads instead of 8
+    unknown = memory.model_shape({**_config("Llama-3.1-8B"), "model_type": "falcon_h9"})
+    assert len(unknown.notes) == 1 and "model_type 'falcon_h9' is not an architecture the planner knows" in unknown.notes[0]
+    untyped = memory.model_shape({k: v for k, v in _config("Llama-3.1-8B").items() if k != "model_type"})
+    assert "config.json has no model_type" in untyped.notes[0]
+    mla = {k: v for k, v in _config("DeepSeek-V3").items() if k != "num_key_value_heads"}
+    assert memory.model_shape(mla).notes == ()  # MLA caches a latent: the KV head count does not size it
+    plan = memory.plan_memory(no_gqa_field, gpu="H100 SXM")
+    assert plan.notes == shape.notes

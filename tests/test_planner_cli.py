@@ -77,10 +77,6 @@ def test_memory_table(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("argv,message", [
     (["memory", "no/such/dir"], "no config file at no/such/dir: pass a model directory"),
     (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "Z100"], "unknown GPU 'Z100': known GPUs are"),
-    (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "L4", "--gpu-memory-utilization", "1.5"],
-     "gpu_memory_utilization must be in (0, 1]"),
-    (["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "L4", "--block-size", "0"],
-     "--block-size must be a positive integer, got 0"),
 ])
 def test_memory_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert _run(argv) == 2
@@ -88,6 +84,47 @@ def test_memory_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], a
     assert captured.out == ""
     assert captured.err.startswith("error: ") and message in captured.err
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--gpu", "L4", "--overhead-bytes", "-5"], "argument --overhead-bytes: must be >= 0 (got '-5')"),
+    (["--gpu", "L4", "--overhead-bytes", "lots"], "argument --overhead-bytes: needs a whole number (got 'lots')"),
+    (["--gpu", "L4", "--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: must be > 0 and <= 1"),
+    (["--gpu", "L4", "--gpu-memory-utilization", "0"], "argument --gpu-memory-utilization: must be > 0 and <= 1"),
+    (["--gpu", "L4", "--gpu-memory-utilization", "nan"], "needs a finite number (got 'nan')"),
+    (["--gpu", "L4", "--block-size", "0"], "argument --block-size: must be >= 1 (got '0')"),
+    (["--gpu", "L4", "--max-model-len", "-1"], "argument --max-model-len: must be >= 1 (got '-1')"),
+    (["--cpu-kv-cache-space-gib", "0"], "argument --cpu-kv-cache-space-gib: must be >= 1 (got '0')"),
+])
+def test_memory_refuses_out_of_range_numbers_before_planning(capsys: pytest.CaptureFixture[str], flags: list[str],
+                                                             message: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _run(["memory", str(CONFIGS / "Qwen3-4B.json"), *flags])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == ""
+    assert message in captured.err and "Traceback" not in captured.err
+
+
+def test_memory_overhead_bytes_reads_scientific_notation(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _json(capsys, ["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "L4", "--overhead-bytes", "2e9"])
+    assert out["overhead_bytes"] == 2_000_000_000
+
+
+def test_memory_says_what_it_assumed_for_an_incomplete_or_unknown_config(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    config = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
+    del config["num_key_value_heads"]
+    config["model_type"] = "brand_new_arch"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _run(["memory", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    notes = [line for line in table.splitlines() if line.startswith("note")]
+    assert len(notes) == 2
+    assert "model_type 'brand_new_arch' is not an architecture the planner knows" in notes[0]
+    assert "no num_key_value_heads: assumed 32, equal to num_attention_heads" in notes[1]
+    out = _json(capsys, ["memory", str(tmp_path)])
+    assert len(out["notes"]) == 2 and out["kv_bytes_per_token"] == 32 * 131_072 // 8
+    assert _json(capsys, ["memory", str(CONFIGS / "Llama-3.1-8B.json")])["notes"] == []
 
 
 def test_memory_malformed_and_incomplete_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

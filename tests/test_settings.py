@@ -48,3 +48,35 @@ def test_auth_headers_only_with_a_key():
     assert load_settings({}).auth_headers() == {}
     keyed = load_settings({"VLLM_HOST": "http://h:1/v1", "VLLM_API_KEY": "sk-x"})
     assert keyed.auth_headers() == {"Authorization": "Bearer sk-x"}
+
+
+@pytest.mark.parametrize("host, base_url", [
+    ("http://h:8000", "http://h:8000/v1"),
+    ("http://h:8000/", "http://h:8000/v1"),
+    ("http://h:8000/v1", "http://h:8000/v1"),
+    ("http://h:8000/v1/", "http://h:8000/v1"),
+    ("http://h:8000/v1/chat/completions", "http://h:8000/v1"),  # pasted from a request: was .../completions/v1
+    ("http://h:8000/v1/completions/", "http://h:8000/v1"),
+    ("http://h:8000/v1/models", "http://h:8000/v1"),
+    ("https://gw.example/team-a/v1/chat/completions", "https://gw.example/team-a/v1"),  # a proxy prefix stays
+])
+def test_vllm_host_is_normalized_to_the_v1_base_url(host, base_url):
+    s = load_settings({"VLLM_HOST": host})
+    assert s.base_url == base_url
+    assert s.metrics_url == base_url[: -len("/v1")] + "/metrics"
+
+
+@pytest.mark.parametrize("host, fragment", [
+    ("http://h:8000/v1/chat", "did you mean http://h:8000/v1?"),
+    ("http://h:8000/chat/completions", "did you mean http://h:8000/v1?"),
+    ("http://h:8000/metrics", "did you mean http://h:8000/v1?"),
+    ("http://h:8000/v1/v1", "did you mean http://h:8000/v1?"),
+    ("http://h:port/v1", "port that is not a number"),
+    ("http:///v1", "no host name"),
+    ("http://h:8000/v1?key=1", "?query"),
+])
+def test_vllm_host_that_is_not_a_base_url_is_refused_with_the_expected_form(host, fragment):
+    with pytest.raises(SettingsError) as err:
+        load_settings({"VLLM_HOST": host})
+    assert fragment in str(err.value)
+    assert "e.g. http://vllm-engine:8000 or http://vllm-engine:8000/v1" in str(err.value)
