@@ -1,10 +1,14 @@
 """The engine interface without starting vLLM: flags, log excerpts, port and endpoint checks."""
 
+import json
 import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from helpers.engine import EngineError, default_config, log_excerpt
+from helpers.engine import EngineError, ExternalEngine, default_config, log_excerpt, resolve_model
 from helpers.local_engine import LocalEngine
 from helpers.vllm_args import EngineConfig, flag_value
 from helpers.settings import load_settings
@@ -49,3 +53,57 @@ def test_log_excerpt_keeps_a_workers_root_cause_before_the_cascade():
     excerpt = log_excerpt(log).splitlines()
     assert excerpt[0].endswith("expected at most 0 argument(s)") and len(excerpt) <= 20
     assert "RuntimeError: Engine core initialization failed. See root cause above." in excerpt
+
+
+def test_status_of_an_unreachable_endpoint_says_why_it_is_not_ready():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    status = ExternalEngine(load_settings({"VLLM_HOST": f"http://127.0.0.1:{port}/v1"})).status()
+    assert status["ready"] is False and status["problem"].startswith(f"cannot reach http://127.0.0.1:{port}/v1/models")
+
+
+def _serving(status: int, body: dict):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_status_names_a_refused_key_and_another_model():
+    server = _serving(401, {"error": "Unauthorized"})
+    try:
+        settings = load_settings({"VLLM_HOST": f"http://127.0.0.1:{server.server_port}/v1", "VLLM_API_KEY": "sk-wrong"})
+        engine = ExternalEngine(settings)
+        assert "refused the API key (HTTP 401): set VLLM_API_KEY" in engine.status()["problem"]
+        assert "sk-wrong" not in json.dumps(engine.status())
+        started = time.monotonic()
+        with pytest.raises(EngineError, match="refused the API key"):  # not "not ready yet" until the deadline
+            engine.wait_serving("tiny-agent", time.monotonic() + 60, 60)
+        assert time.monotonic() - started < 30
+    finally:
+        server.shutdown()
+    server = _serving(200, {"data": [{"id": "tiny-moe"}]})
+    try:
+        status = ExternalEngine(load_settings({"VLLM_HOST": f"http://127.0.0.1:{server.server_port}/v1",
+                                               "MODEL_NAME": "tiny-agent"})).status()
+        assert status["served"] == ["tiny-moe"] and status["problem"] == "the endpoint serves ['tiny-moe'], not 'tiny-agent'"
+    finally:
+        server.shutdown()
+
+
+def test_a_model_name_that_is_not_shipped_is_refused_on_the_cpu_profile_naming_the_shipped_ones():
+    with pytest.raises(EngineError, match=r"Model 'nope' is neither a model shipped in models/ \(.*tiny-agent.*\)"):
+        default_config(load_settings({"MODEL_NAME": "nope"}))
+    assert resolve_model("tiny-moe", "cpu").endswith("models/tiny-moe")
+    assert resolve_model("Qwen/Qwen3-0.6B", "cpu") == "Qwen/Qwen3-0.6B"  # a hub id: vLLM fetches it when it can
+    assert resolve_model("nope", "gpu") == "nope"  # the GPU profile has the network: vLLM says what is wrong
