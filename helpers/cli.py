@@ -50,7 +50,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     engine.stop()  # also ends what is left of an engine whose server was killed
     print(f"engine stopped (pid {pid})" if pid else "no local engine was running")
     if problem:
-        print(f"note: the state file was {problem}")
+        print(f"note: state file: {problem}")
     busy, holder = port_holder(settings.port)
     if busy:
         print(f"port {settings.port} is held by {describe_process(holder)}, which the helpers did not start: left alone")

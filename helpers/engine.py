@@ -170,14 +170,15 @@ class Engine(ABC):
     ready_poll_s = 1.0  # between two /v1/models requests while waiting
 
     def wait_serving(self, expected: str, deadline: float, timeout_s: float,
-                     gone: Callable[[], str | None] = lambda: None) -> None:
+                     gone: Callable[[], str | None] = lambda: None, on_poll: Callable[[], None] = lambda: None) -> None:
         """Poll ``/v1/models`` until it lists ``expected``, then generate one token with it.
 
         Raises ``NotServing`` when the engine lists another model, cannot generate, is ``gone()`` (a reason,
         e.g. the process exited) or is not ready by ``deadline`` (``time.monotonic()``); a refused API
-        key raises at once, since it is not "not ready yet".
+        key raises at once, since it is not "not ready yet". ``on_poll`` runs before each poll (a progress display).
         """
         while True:
+            on_poll()
             try:
                 served = self.served_models(timeout_s=3.0)
             except (httpx.HTTPError, ValueError) as err:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from tqdm.auto import tqdm
 
 from helpers.engine import (CPU_START_TIMEOUT_S, GPU_START_TIMEOUT_S, Engine, EngineError, EngineStartError, NotServing,
                             default_config, log_excerpt)
@@ -52,6 +53,16 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 START_TIME_TOLERANCE_S = 0.05  # psutil's start times come from clock ticks (10 ms)
 STOP_TIMEOUT_S = 30.0
 PORT_FREE_TIMEOUT_S = 10.0
+# What the server's log says it is doing, in order (vLLM 0.32's log lines); the last one seen is the phase.
+START_PHASES = (
+    ("non-default args:", "reading its arguments"),
+    ("Initializing a V1 LLM engine", "starting the engine core"),
+    ("Starting to load model", "loading the weights"),
+    ("Loading weights took", "allocating the KV cache"),
+    ("KV cache size:", "profiling and warming up"),
+    ("init engine (profile, create kv cache, warmup model) took", "starting the HTTP server"),
+    ("Starting vLLM server on", "generating a first token"),
+)
 # The launcher starts the server in a new session, writes its PID to a pipe and exits at once.
 LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:], start_new_session=True); "
             "os.write(int(sys.argv[1]), str(p.pid).encode())")
@@ -70,6 +81,15 @@ def _process(pid: Any, create_time: Any) -> psutil.Process | None:
         return proc
     except psutil.Error:
         return None
+
+
+def start_phase(log_text: str) -> str:
+    """Where a starting server is, from its log since the start: the last phase whose line has appeared."""
+    phase = "starting Python and importing vLLM"
+    for marker, name in START_PHASES:
+        if marker in log_text:
+            phase = name
+    return phase
 
 
 def _is_engine_process(proc: psutil.Process, state_path: str) -> bool:
@@ -443,9 +463,10 @@ class LocalEngine(Engine):
         state.config, state.started_at, state.log_offset = config.to_json(), time.time(), offset
         self._save(state)
 
-    def wait_ready(self, timeout_s: float | None = None) -> None:
+    def wait_ready(self, timeout_s: float | None = None, progress: bool = True) -> None:
         """Block until ``/v1/models`` lists the expected model and one token is generated; raise with the
-        log if the server dies or cannot generate."""
+        log if the server dies or cannot generate. ``progress``: show the start's phase and elapsed time
+        (a widget in JupyterLab, a status line in a terminal; none when output is not a terminal)."""
         timeout_s = self._start_timeout(timeout_s)
         state = self._load()
         if not self._server(state):
@@ -455,20 +476,28 @@ class LocalEngine(Engine):
         def gone() -> str | None:
             return None if _process(state.pid, state.create_time) else "vLLM exited before it became ready"
 
-        try:
-            self.wait_serving(expected, time.monotonic() + timeout_s, timeout_s, gone)
-        except NotServing as err:
-            if "could not generate" in err.reason:
-                time.sleep(0.5)  # let the server's log take the traceback of the failed step
-            raise EngineStartError(f"vLLM is not serving: {err.reason}.", self._recent_log_excerpt()) from None
+        with tqdm(total=None, desc=f"engine {expected}", bar_format="{desc}: {postfix} [{elapsed}]", leave=False,
+                  disable=None if progress else True) as bar:
+            def show_phase() -> None:
+                bar.set_postfix_str(start_phase(self._recent_log_text(state.log_offset)), refresh=True)
 
-    def _recent_log_excerpt(self, offset: int | None = None) -> str:
+            try:
+                self.wait_serving(expected, time.monotonic() + timeout_s, timeout_s, gone, show_phase)
+            except NotServing as err:
+                if "could not generate" in err.reason:
+                    time.sleep(0.5)  # let the server's log take the traceback of the failed step
+                raise EngineStartError(f"vLLM is not serving: {err.reason}.", self._recent_log_excerpt()) from None
+
+    def _recent_log_text(self, offset: int) -> str:
         try:
             with self.log_path().open("rb") as fh:
-                fh.seek(self._load().log_offset if offset is None else offset)
-                return log_excerpt(fh.read().decode(errors="replace"))
+                fh.seek(offset)
+                return fh.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def _recent_log_excerpt(self, offset: int | None = None) -> str:
+        return log_excerpt(self._recent_log_text(self._load().log_offset if offset is None else offset))
 
     def apply(self, config: EngineConfig, timeout_s: float | None = None) -> None:
         with self._locked(timeout_s):

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from helpers.engine import EngineError, default_config
-from helpers.local_engine import (STATE_MARK, LocalEngine, end_processes, parse_state, port_holder, port_lock,
+from helpers.local_engine import (STATE_MARK, LocalEngine, end_processes, parse_state, port_holder, port_lock, start_phase,
                                   session_members)
 from helpers.session import connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings, state_dir
@@ -227,3 +227,32 @@ def test_kill_9_of_the_server_leaves_no_engine_core(keyed):
     engine.start(base)  # finds the leftovers of the killed engine, ends them, starts afresh
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in core)
     assert engine.status()["ready"] is True
+
+
+def test_the_start_phase_follows_the_servers_log():
+    log = ["=== starting 2026-11-30 20:12:06: tiny-agent --enforce-eager",
+           "(APIServer pid=1) INFO [api_utils.py:286] non-default args: {'enable_auto_tool_choice': True}",
+           "(EngineCore pid=2) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='m'",
+           "(EngineCore pid=2) INFO [cpu_model_runner.py:68] Starting to load model m...",
+           "(EngineCore pid=2) INFO [default_loader.py:501] Loading weights took 0.02 seconds",
+           "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens",
+           "(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 1.70 s",
+           "(APIServer pid=1) INFO [entry.py:140] Starting vLLM server on http://127.0.0.1:8765"]
+    phases = [start_phase("\n".join(log[:n])) for n in range(1, len(log) + 1)]
+    assert phases == ["starting Python and importing vLLM", "reading its arguments", "starting the engine core",
+                      "loading the weights", "allocating the KV cache", "profiling and warming up",
+                      "starting the HTTP server", "generating a first token"]
+
+
+def test_workshop_status_and_down_report_a_damaged_state_file(capsys, monkeypatch):
+    from helpers.cli import main
+
+    port = _free_port()
+    monkeypatch.setenv("WORKSHOP_PORT", str(port))
+    (state_dir() / f"engine-{port}.json").write_text('{"pid": "abc"}')
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"engine-{port}.json: pid 'abc' is not a process ID" in out and f"{port}: free (no engine running)" in out
+    assert main(["down"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["no local engine was running",
+                                                    "note: state file: pid 'abc' is not a process ID"]
