@@ -900,32 +900,48 @@ def plan_row(plan: MemoryPlan, conversation_tokens: int | None = None) -> dict[s
     if cache is not None:
         row.update(kv_cache_gib=max(0, cache.kv_memory_bytes) / GIB, kv_cache_tokens=cache.kv_cache_tokens,
                    block_size=cache.block_size, max_model_len=cache.max_model_len,
-                   max_concurrency_at_max_len=round(cache.max_concurrency, 2), fits=cache.fits)
+                   max_concurrency_at_max_len=round(cache.max_concurrency, 2),
+                   requests_at_max_len=math.floor(cache.max_concurrency) if cache.fits else 0, fits=cache.fits)
         if conversation_tokens:
             row[f"conversations_of_{conversation_tokens}_tokens"] = cache.kv_cache_tokens // conversation_tokens
     return row
 
 
 def fit_verdict(row: Mapping[str, Any]) -> str:
-    """Why a ``plan_row`` does or does not start: '' when it fits; otherwise the weights that do not fit
-    the budget, or the max_model_len that does not fit the KV cache (vLLM then refuses to start)."""
+    """Why a ``plan_row`` does not start, beginning "does not fit"; '' when it fits. The reason is the weights
+    alone above the budget, the weights and vLLM's overhead that leave no KV cache, or a max_model_len above
+    what the KV cache holds for one request (vLLM then refuses to start)."""
     if row.get("fits", True):
         return ""
-    if "budget_gib" in row and row["weights_gib"] + row.get("overhead_gib", 0.0) >= row["budget_gib"]:
-        return (f"does not fit: {row['weights_gib']:.1f} GiB of weights (+{row.get('overhead_gib', 0.0):.1f} GiB "
-                f"overhead) exceed the {row['budget_gib']:.1f} GiB budget, so no KV cache is left")
-    return (f"vLLM would refuse to start: one request of max_model_len {row['max_model_len']:,} tokens does not fit "
-            f"the {row['kv_cache_tokens']:,}-token KV cache; lower --max-model-len or free memory")
+    if "budget_gib" in row:
+        budget = f"the {row['budget_gib']:.1f} GiB budget ({row['memory_gib']:.1f} GiB x utilization)" \
+            if "memory_gib" in row else f"the {row['budget_gib']:.1f} GiB budget"
+        if row["weights_gib"] >= row["budget_gib"]:
+            return f"does not fit: the weights alone ({row['weights_gib']:.1f} GiB of weights) exceed {budget}"
+        overhead = row.get("overhead_gib", 0.0)
+        if row["weights_gib"] + overhead >= row["budget_gib"]:
+            return (f"does not fit: {row['weights_gib']:.1f} GiB of weights + {overhead:.1f} GiB of vLLM overhead "
+                    f"fill {budget}, so no KV cache is left")
+    return (f"does not fit: max_model_len {row['max_model_len']:,} tokens is above the KV cache's "
+            f"{row['kv_cache_tokens']:,} tokens for one request, so vLLM refuses to start; lower --max-model-len "
+            "or free memory")
 
 
-def fit_title(row: Mapping[str, Any], conversation_tokens: int) -> str:
-    """The explorer's title: how many conversations of ``conversation_tokens`` fit, or why nothing starts."""
+def fit_title(row: Mapping[str, Any], conversation_tokens: int | None = None) -> str:
+    """The explorer's title: model, GPU and the memory its driver reports, then "does not fit" and why
+    (``fit_verdict``), or how many requests of max_model_len tokens fit at once (and of
+    ``conversation_tokens``, when given)."""
+    memory_gib = f" ({row['memory_gib']:.2f} GiB as nvidia-smi reports)" if "memory_gib" in row else ""
+    head = f"{row['model']} on {row['gpu']}{memory_gib}"
     reason = fit_verdict(row)
-    head = f"{row['model']} on {row['gpu']}"
     if reason:
         return f"{head}: {reason}"
-    return f"{head}: {plural(int(row[f'conversations_of_{conversation_tokens}_tokens']), 'conversation')} of " \
-           f"{conversation_tokens:,} tokens fit at once"
+    at_max_len = (f"{plural(int(row['requests_at_max_len']), 'conversation')} of max_model_len "
+                  f"{row['max_model_len']:,} tokens at once")
+    key = f"conversations_of_{conversation_tokens}_tokens"
+    if conversation_tokens and key in row and conversation_tokens != row["max_model_len"]:
+        at_max_len += f" ({int(row[key]):,} of {conversation_tokens:,} tokens)"
+    return f"{head}: fits {at_max_len}"
 
 
 def block_size_note(block_size: int, profile: str) -> str:

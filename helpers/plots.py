@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
@@ -160,20 +162,40 @@ def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during th
     return fig
 
 
+MAX_REQUEST_MARKS = 100  # more ticks than this in one bar would read as a grey band
+
+
 def memory_budget(rows: pd.DataFrame, label: str = "gpu", title: str = "Where the GPU's memory goes") -> Figure:
-    """Stacked bars of weights, overhead and KV cache (GiB) per row of ``memory.plan_row`` output."""
-    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(rows)), constrained_layout=True)
+    """Stacked bars of weights, overhead and KV cache (GiB) per row of ``memory.plan_row`` output, with the
+    memory the driver reports and the budget marked, and a tick in the KV cache after each request of
+    max_model_len tokens it holds; the legend sits below the axes, a title about a plan that does not fit in red."""
+    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.5 * len(rows)), layout="constrained")
     names = [str(x) for x in rows[label]]
     left = pd.Series(0.0, index=rows.index)
     for column, name in (("weights_gib", "weights"), ("overhead_gib", "overhead (estimate)"),
                          ("kv_cache_gib", "KV cache")):
-        ax.barh(names, rows[column], left=left, label=name)
-        left = left + rows[column]
-    if "budget_gib" in rows:
-        ax.scatter(rows["budget_gib"], names, marker="|", s=300, color="black", label="memory x utilization")
+        if column in rows:
+            ax.barh(names, rows[column], left=left, label=name)
+            left = left + rows[column]
+    for column, name, color in (("memory_gib", "memory the driver reports", "grey"),
+                                ("budget_gib", "x gpu-memory-utilization", "black")):
+        if column in rows:
+            ax.vlines(rows[column], [i - 0.45 for i in range(len(rows))], [i + 0.45 for i in range(len(rows))],
+                      color=color, linewidth=2, label=name)
+    marked = False
+    for i, row in enumerate(rows.to_dict("records")):
+        count, concurrency = row.get("requests_at_max_len", 0), row.get("max_concurrency_at_max_len", 0)
+        if not count or not concurrency or count > MAX_REQUEST_MARKS:
+            continue
+        kv_start = row["weights_gib"] + row.get("overhead_gib", 0.0)
+        per_request = row["kv_cache_gib"] / concurrency
+        ax.vlines([kv_start + k * per_request for k in range(1, count + 1)], i - 0.4, i + 0.4, color="white",
+                  linewidth=1.2, label=None if marked else "end of each max_model_len request")
+        marked = True
     ax.set_xlabel("GiB (2**30 bytes, as nvidia-smi and vLLM count)")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title(textwrap.fill(title, 90), fontsize="medium",
+                 color="tab:red" if "fits" in rows and not rows["fits"].all() else "black")
+    fig.legend(loc="outside lower center", ncols=3, fontsize="small", facecolor="lightgrey")
     return fig
 
 

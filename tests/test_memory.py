@@ -396,10 +396,25 @@ def test_memory_conclusion_says_when_the_weights_do_not_fit():
 
 
 def test_fit_title_grammar_and_the_refusal_to_start():
-    row = dict(_rows()[0], **{"conversations_of_8192_tokens": 1})
-    assert ": 1 conversation of 8,192 tokens fit" in memory.fit_title(row, 8192)
+    row = dict(_rows()[0], requests_at_max_len=1, **{"conversations_of_8192_tokens": 3})
+    title = memory.fit_title(row, 8192)
+    assert ": fits 1 conversation of max_model_len 16,384 tokens at once (3 of 8,192 tokens)" in title
+    assert f"({row['memory_gib']:.2f} GiB as nvidia-smi reports)" in title and "does not fit" not in title
     too_long = dict(row, fits=False, budget_gib=100.0, max_model_len=10**6)
-    assert "vLLM would refuse to start" in memory.fit_title(too_long, 8192)
+    assert "does not fit: max_model_len 1,000,000 tokens is above" in memory.fit_title(too_long, 8192)
+    assert "vLLM refuses to start" in memory.fit_title(too_long, 8192)
+
+
+def test_fit_verdict_names_the_weights_the_overhead_or_max_model_len():
+    fits = {"weights_gib": 7.5, "overhead_gib": 1.5, "budget_gib": 18.0, "memory_gib": 20.0, "fits": True,
+            "max_model_len": 16384, "kv_cache_tokens": 65840}
+    assert memory.fit_verdict(fits) == ""
+    alone = memory.fit_verdict(dict(fits, weights_gib=67.7, fits=False))
+    assert alone.startswith("does not fit: the weights alone (67.7 GiB of weights) exceed the 18.0 GiB budget")
+    with_overhead = memory.fit_verdict(dict(fits, weights_gib=17.0, fits=False))
+    assert with_overhead.startswith("does not fit: 17.0 GiB of weights + 1.5 GiB of vLLM overhead fill")
+    too_long = memory.fit_verdict(dict(fits, max_model_len=70000, fits=False))
+    assert too_long.startswith("does not fit: max_model_len 70,000 tokens is above the KV cache's 65,840 tokens")
 
 
 def test_engine_comparison_verdict_flips_when_the_numbers_differ():
