@@ -70,17 +70,43 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    """Start the engine if needed, then JupyterLab on the notebooks."""
-    from helpers.notebooks import NOTEBOOK_DIR
+    """Start the engine if needed, then JupyterLab on your own copies of the notebooks (my-notebooks/)."""
+    from helpers import workspace
 
+    try:
+        report = workspace.sync(args.dir)  # before the engine starts: a bad --dir fails at once
+    except workspace.WorkspaceError as err:
+        return _usage_error(str(err))
+    for line in report.lines():
+        print(line)
     if cmd_up(argparse.Namespace(timeout=None)) != 0:
         return 1
-    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOK_DIR}", *args.jupyter_args]
+    first = min(report.copied + report.refreshed + report.kept + report.current, default=None)
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={report.workspace}",
+           *([f"--LabApp.default_url=/lab/tree/{first}"] if first else []), *args.jupyter_args]
     if os.geteuid() == 0 and "--allow-root" not in cmd:  # containers often run as root; JupyterLab refuses it otherwise
         cmd.append("--allow-root")
     print("starting JupyterLab:", " ".join(cmd[2:]))
     os.execv(sys.executable, cmd)
     return 0  # not reached
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    """Copy the notebooks into your workspace (new ones, and updates to those you have not changed),
+    or --reset one to the committed version (yours is kept beside it)."""
+    from helpers import workspace
+
+    try:
+        for name in args.reset:
+            backup = workspace.reset(name, args.dir)
+            print(f"reset {workspace.find_notebook(name).name}" + (f"; yours is now {backup.name}" if backup else ""))
+        if not args.reset:
+            report = workspace.sync(args.dir)
+            for line in report.lines() or [f"{report.workspace}: every notebook is current"]:
+                print(line)
+    except workspace.WorkspaceError as err:
+        return _usage_error(str(err))
+    return 0
 
 
 def _usage_error(message: str) -> int:
@@ -205,7 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("lab", help=_summary(cmd_lab), epilog="Other arguments go to JupyterLab (e.g. --no-browser).")
+    p.add_argument("--dir", default=None, help="your copies of the notebooks (default WORKSHOP_WORKSPACE, "
+                   "else my-notebooks/ in the repository, ignored by git)")
     p.set_defaults(func=cmd_lab, jupyter_args=[])
+    p = sub.add_parser("notebooks", help=_summary(cmd_notebooks), description=cmd_notebooks.__doc__)
+    p.add_argument("--reset", action="append", default=[], metavar="NOTEBOOK",
+                   help="put the committed version back, e.g. --reset 03 (repeatable); yours is kept as a backup")
+    p.add_argument("--dir", default=None, help="your copies of the notebooks (default as for lab)")
+    p.set_defaults(func=cmd_notebooks)
     p = sub.add_parser("run", help=_summary(cmd_run), description=cmd_run.__doc__)
     p.add_argument("notebooks", nargs="*", help="notebook paths (default: all numbered notebooks)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",

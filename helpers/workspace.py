@@ -1,0 +1,142 @@
+"""The learner's own copies of the notebooks: the lab opens these, never the committed ones.
+
+``sync`` copies each numbered notebook of ``notebooks/`` into the workspace (``my-notebooks/`` in the
+repository, ignored by git; ``WORKSHOP_WORKSPACE`` or ``--dir`` elsewhere, e.g. ``~/work`` in the
+notebook image). A small record (``.workshop-copies.json``) holds the hash of what was copied: a copy
+whose bytes still match it is untouched and is refreshed when the committed notebook changes; a copy
+the learner edited or ran (JupyterLab saves outputs into it) is kept. ``reset`` puts the committed
+version back and keeps the learner's as ``NAME.backup-<time>.ipynb``. So running notebooks never
+dirties the repository, and ``git pull`` always works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.notebooks import NOTEBOOK_DIR, REPO_ROOT
+
+DEFAULT_WORKSPACE = REPO_ROOT / "my-notebooks"
+RECORD = ".workshop-copies.json"
+
+
+class WorkspaceError(ValueError):
+    """The workspace cannot be used as asked; the message says what to do."""
+
+
+@dataclass
+class SyncReport:
+    """What one sync did to each notebook, by name."""
+
+    workspace: Path
+    copied: list[str] = field(default_factory=list)  # new in the workspace
+    refreshed: list[str] = field(default_factory=list)  # untouched copies brought up to date
+    kept: list[str] = field(default_factory=list)  # edited or run by the learner: left alone, though newer exists
+    current: list[str] = field(default_factory=list)  # already the committed version
+
+    def lines(self) -> list[str]:
+        """One line per kind of change, for the terminal (nothing for notebooks already current)."""
+        out = []
+        if self.copied:
+            out.append(f"copied to {self.workspace}: {', '.join(self.copied)}")
+        if self.refreshed:
+            out.append(f"updated (you had not changed them): {', '.join(self.refreshed)}")
+        for name in self.kept:
+            out.append(f"kept your {name}; a newer version exists: `workshop notebooks --reset {name}` "
+                       "takes it (yours is saved beside it)")
+        return out
+
+
+def workspace_dir(path: Path | str | None = None) -> Path:
+    """The workspace: ``path``, else ``WORKSHOP_WORKSPACE``, else ``my-notebooks/`` in the repository."""
+    chosen = path or os.environ.get("WORKSHOP_WORKSPACE") or DEFAULT_WORKSPACE
+    return Path(chosen).expanduser().resolve()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record(workspace: Path) -> dict[str, str]:
+    try:
+        data = json.loads((workspace / RECORD).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}  # a damaged record: every existing copy then counts as the learner's, and is kept
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def _save_record(workspace: Path, record: dict[str, str]) -> None:
+    tmp = workspace / (RECORD + ".tmp")
+    tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    tmp.replace(workspace / RECORD)
+
+
+def _check_workspace(workspace: Path, source: Path) -> None:
+    if workspace.exists() and not workspace.is_dir():
+        raise WorkspaceError(f"the workspace {workspace} is a file: give a directory (--dir or WORKSHOP_WORKSPACE)")
+    if workspace == source.resolve():
+        raise WorkspaceError(f"the workspace {workspace} is the committed notebooks' folder: give another directory, "
+                             "so running a notebook never edits the repository")
+
+
+def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> SyncReport:
+    """Copy new notebooks into the workspace and refresh the untouched ones; never overwrite the learner's."""
+    ws = workspace_dir(workspace)
+    _check_workspace(ws, source)
+    ws.mkdir(parents=True, exist_ok=True)
+    record = _record(ws)
+    report = SyncReport(ws)
+    for src in sorted(Path(source).glob("[0-9][0-9]_*.ipynb")):
+        dest, name, new_hash = ws / src.name, src.name, _sha256(src)
+        if not dest.exists():
+            shutil.copyfile(src, dest)
+            report.copied.append(name)
+        else:
+            have = _sha256(dest)
+            if have == new_hash:
+                report.current.append(name)
+            elif record.get(name) == have:  # still exactly what we copied: the learner has not touched it
+                shutil.copyfile(src, dest)
+                report.refreshed.append(name)
+            else:
+                report.kept.append(name)
+                continue
+        record[name] = new_hash
+    _save_record(ws, record)
+    return report
+
+
+def find_notebook(name: str, source: Path = NOTEBOOK_DIR) -> Path:
+    """A committed notebook by file name or number (``03``, ``3`` or ``03_prefill_decode_kv_cache.ipynb``)."""
+    notebooks = sorted(Path(source).glob("[0-9][0-9]_*.ipynb"))
+    key = Path(name).name
+    matches = [p for p in notebooks if p.name == key or p.stem == key
+               or (key.isdigit() and p.name[:2] == f"{int(key):02d}")]
+    if len(matches) != 1:
+        raise WorkspaceError(f"no notebook {name!r}: give its number or file name, one of "
+                             f"{', '.join(p.name for p in notebooks)}")
+    return matches[0]
+
+
+def reset(name: str, workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> Path | None:
+    """Put the committed version of one notebook back in the workspace; return where the learner's went (or None)."""
+    ws = workspace_dir(workspace)
+    _check_workspace(ws, source)
+    src = find_notebook(name, source)
+    ws.mkdir(parents=True, exist_ok=True)
+    dest, backup = ws / src.name, None
+    if dest.exists() and _sha256(dest) != _sha256(src):
+        backup = ws / f"{src.stem}.backup-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        dest.replace(backup)
+    shutil.copyfile(src, dest)
+    record = _record(ws)
+    record[src.name] = _sha256(src)
+    _save_record(ws, record)
+    return backup
