@@ -80,17 +80,22 @@ def compare_samples(a: Sequence[float | None], b: Sequence[float | None], higher
     return Verdict(label, mean_a, mean_b, ratio, noise, len(a), len(b), measured)
 
 
-def interleave(runs: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
+def interleave(runs: dict[str, Callable[[], T]], repeats: int, desc: str = "runs",
+               progress: bool | None = None) -> dict[str, list[T]]:
     """Run each configuration once per round, in the given order, for ``repeats`` rounds (A B A B ...):
     a drift of the machine during the runs hits every side alike. Returns each side's results in order.
+    A bar named ``desc`` shows the configuration and round being run (in a notebook, or with ``progress``).
 
     If a run raises, the results so far are kept on the exception (``err.partial``) and it propagates."""
+    from helpers.progress import steps
+
     results: dict[str, list[T]] = {name: [] for name in runs}
-    for _ in range(max(1, repeats)):
-        for name, run in runs.items():
-            try:
-                results[name].append(run())
-            except BaseException as err:
-                err.partial = results  # type: ignore[attr-defined]
-                raise
+    rounds = max(1, repeats)
+    order = [(r, name) for r in range(rounds) for name in runs]
+    for r, name in steps(order, desc, "run", progress, label=lambda step: f"{step[1]}, round {step[0] + 1}/{rounds}"):
+        try:
+            results[name].append(runs[name]())
+        except BaseException as err:
+            err.partial = results  # type: ignore[attr-defined]
+            raise
     return results

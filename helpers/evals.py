@@ -392,17 +392,16 @@ def load_run(path: str | Path) -> EvalRun:
 
 
 def run_suite(lab: Lab, suite: str | Suite = DEFAULT_SUITE, settings: EvalSettings | None = None,
-              progress: bool = False) -> EvalRun:
-    """Run every task of a suite against ``lab`` (a ``helpers.session.Lab``), one at a time."""
+              progress: bool | None = None) -> EvalRun:
+    """Run every task of a suite against ``lab`` (a ``helpers.session.Lab``), one at a time, with a bar in a
+    notebook (``progress`` None) or when asked."""
     suite = load_suite(suite) if isinstance(suite, str) else suite
     settings = settings or EvalSettings()
     lab.check()  # an unreachable endpoint: EndpointError before the first task
     started_at = datetime.now().isoformat(timespec="seconds")
-    tasks = suite.tasks
-    if progress:
-        from tqdm.auto import tqdm
+    from helpers.progress import steps
 
-        tasks = tqdm(tasks, desc=f"eval {suite.name}", unit="task")
+    tasks = steps(suite.tasks, f"eval {suite.name}", "task", progress)
     start = time.perf_counter()
     rows = [run_task(lab, task, suite, settings) for task in tasks]
     wall_s = time.perf_counter() - start

@@ -24,14 +24,19 @@ def load_model(model_dir: str | Path):
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 
-def timed_generation(model, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> pd.DataFrame:
-    """Greedy-decode ``new_tokens`` tokens; one row per step: context length, step time (s), token id."""
+def timed_generation(model, prompt_ids: list[int], new_tokens: int, use_cache: bool,
+                     progress: bool | None = None) -> pd.DataFrame:
+    """Greedy-decode ``new_tokens`` tokens; one row per step: context length, step time (s), token id.
+    A bar counts the steps (``progress`` None: in a notebook only)."""
     import torch
+
+    from helpers.progress import steps
 
     ids = torch.tensor([prompt_ids])
     past, rows = None, []
+    desc = "loop with KV cache" if use_cache else "loop without a cache"
     with torch.inference_mode():
-        for step in range(new_tokens):
+        for step in steps(range(new_tokens), desc, "token", progress):
             start = time.perf_counter()
             if use_cache:
                 out = model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)

@@ -131,7 +131,8 @@ def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, lon
         return run
 
     try:
-        results = interleave({name: with_budget(value) for name, value in budgets.items()}, rounds)
+        results = interleave({name: with_budget(value) for name, value in budgets.items()}, rounds,
+                             desc="stall under each batch budget")
     finally:
         if flag_value(lab.engine.args(), "--max-num-batched-tokens") != start:
             lab.engine.set_flag("--max-num-batched-tokens", start)  # None removes the flag again

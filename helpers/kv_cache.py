@@ -23,12 +23,13 @@ def measure_prefix_cache(settings: Any, prefix_tokens: int, rounds: int, unique_
     one row per request with its round, ``cache`` ("cold" / "warm"), prompt tokens and TTFT (ms)."""
     from helpers.bench_results import requests_frame
     from helpers.loadgen import Load, Workload, run_load
+    from helpers.progress import steps
 
     frames = []
-    for number in range(max(1, rounds)):
+    for number in steps(range(max(1, rounds)), "prefix cache: cold/warm pairs", "pair"):
         workload = Workload(input_len=prefix_tokens + unique_tokens, output_len=output_tokens, prefix="shared",
                             shared_prefix_len=prefix_tokens, seed=secrets.randbits(30))
-        frame = requests_frame(run_load(settings, workload, Load(concurrency=1, num_requests=2)))
+        frame = requests_frame(run_load(settings, workload, Load(concurrency=1, num_requests=2), progress=False))
         frames.append(frame.assign(round=number, cache=["cold", "warm"][: len(frame)]))
     return pd.concat(frames, ignore_index=True)[["round", "cache", "prompt_tokens", "ttft_ms", "ok"]]
 

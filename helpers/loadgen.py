@@ -788,18 +788,22 @@ def _http_client(max_connections: int | None, request_timeout_s: float) -> aioht
 
 
 async def arun_load(settings: Settings, workload: Workload, load: Load, *, model: str | None = None,
-                    progress: bool = False, request_timeout_s: float = 300.0,
+                    progress: bool | None = None, request_timeout_s: float = 300.0,
                     max_consecutive_failures: int | None = 20, lag_interval_s: float = 0.01,
                     prompts: PromptFactory | None = None, salt: int | None = None) -> LoadResult:
     """Run one load against ``settings.base_url`` and return every request's timing (coroutine).
 
+    ``progress``: a bar of the measured requests (None: in a notebook only).
     ``prompts``: a calibrated PromptFactory to reuse (a sweep calibrates once). ``salt``: makes this
     run's prompts differ from every other run's (random by default, so a repeated run cannot hit the
     prefix cache filled by the last one).
     """
+    from helpers.progress import wanted
+
     workload.validate()
     load.validate()
     model = model or settings.model
+    progress = wanted(progress)
     salt = secrets.randbits(20) if salt is None else salt
     async with _http_client(None, request_timeout_s) as http:
         if prompts is None:
@@ -838,17 +842,20 @@ async def arun_sweep(settings: Settings, workload: Workload, *, concurrencies: l
 
     With ``metrics``, each run also samples the server's gauges (``result.gauges``, a DataFrame with
     ``t_s`` since the run's start) and records the server-side window (``result.server``). Stops at the
-    first interrupted run and returns the runs so far.
+    first interrupted run and returns the runs so far. With more than one run, a bar counts the runs
+    (``progress``: None, in a notebook only), beside each run's own bar of requests.
     """
     from helpers import server_metrics  # measurement of the server, only when asked
+    from helpers.progress import steps, wanted
 
     loads = sweep_loads(load or Load(num_requests=64), concurrencies, rates)
     workload.validate()
     model = kwargs.pop("model", None) or settings.model
+    kwargs["progress"] = wanted(kwargs.get("progress"))
     results: list[LoadResult] = []
     try:
         prompts = await calibrate_for(settings, model, workload)
-        for one in loads:
+        for one in steps(loads, "sweep", "run", kwargs["progress"] and len(loads) > 1, label=_label):
             sampler = server_metrics.GaugeSampler(settings.metrics_url, sample_interval_s) if metrics else None
             try:
                 if sampler is not None:

@@ -68,7 +68,7 @@ def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: i
         return run
 
     try:
-        results = interleave({name: serve(name) for name in models}, rounds)
+        results = interleave({name: serve(name) for name in models}, rounds, desc="models (each switch restarts)")
     finally:  # back to the workshop's model, whatever happened
         if lab.model != baseline:
             lab.engine.switch_model(baseline)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,13 @@ class ParameterError(ValueError):
 
 @dataclass
 class NotebookRun:
-    """One executed notebook: where its executed copy is and how long it took."""
+    """One executed notebook: where its executed copy is, how long it took, and its cells that ran longer
+    than LONG_CELL_S without showing progress (``silent_long_cells``)."""
 
     source: Path
     output: Path
     seconds: float
+    silent_cells: list["SilentCell"] = field(default_factory=list)
 
 
 def workshop_notebooks() -> list[Path]:
@@ -99,7 +102,8 @@ def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / path.name
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
-                            timeout_func=lambda cell: cell_timeout_s(cell, timeout_s))
+                            timeout_func=lambda cell: cell_timeout_s(cell, timeout_s),
+                            record_timing=True)  # silent_long_cells reads each cell's timing
     start = time.monotonic()
     try:
         client.execute()
@@ -107,7 +111,68 @@ def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, 
         nbformat.write(nb, output)
         raise NotebookRunError(f"{path.name} failed (partial output in {output}):\n{err}") from None
     nbformat.write(nb, output)
-    return NotebookRun(path, output, time.monotonic() - start)
+    return NotebookRun(path, output, time.monotonic() - start, silent_long_cells(nb))
+
+
+# A cell that can run longer than this shows progress (issue 13: never waiting blind)
+LONG_CELL_S = 5.0
+# tqdm's bar as text: "desc:  40%|####      | 4/10 [00:02<00:03, 1.9run/s]" or, without a total, "7run [00:02, ...]"
+_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+|\d+/\d+ \[\d+:\d+|\d+\w* \[\d+:\d+(:\d+)?[,<]")
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@dataclass(frozen=True)
+class SilentCell:
+    """An executed cell that ran long without showing progress: its index, seconds and first line."""
+
+    index: int
+    seconds: float
+    first_line: str
+
+    def __str__(self) -> str:
+        return f"cell {self.index} ran {self.seconds:.0f} s without progress: {self.first_line}"
+
+
+def cell_seconds(cell: nbformat.NotebookNode) -> float | None:
+    """How long an executed code cell ran (s), from the timing nbclient records in its metadata
+    (``execution``: iopub.execute_input to shell.execute_reply, the kernel's own timestamps); None without it."""
+    from datetime import datetime
+
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not start or not end:
+        return None
+    return (datetime.fromisoformat(end.replace("Z", "+00:00")) -
+            datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def shows_progress(cell: nbformat.NotebookNode) -> bool:
+    """Whether a cell's outputs include a progress display: a tqdm bar, as a widget (its text fallback) or as
+    text written to the stream."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            text = output.get("text", "")
+        else:
+            text = output.get("data", {}).get("text/plain", "")
+        if isinstance(text, list):
+            text = "".join(text)
+        if _BAR.search(text):
+            return True
+    return False
+
+
+def silent_long_cells(nb: nbformat.NotebookNode, threshold_s: float = LONG_CELL_S) -> list[SilentCell]:
+    """The code cells of an executed notebook that ran longer than ``threshold_s`` without a progress display
+    (``shows_progress``); cells without timing metadata are not judged."""
+    out = []
+    for index, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        seconds = cell_seconds(cell)
+        if seconds is not None and seconds > threshold_s and not shows_progress(cell):
+            first = next((line for line in cell.get("source", "").splitlines() if line.strip()), "")
+            out.append(SilentCell(index, seconds, first[:80]))
+    return out
 
 
 def _literal(text: str) -> Any:

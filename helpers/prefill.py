@@ -27,14 +27,14 @@ def measure_prefill_decode(settings: Any, prompt_lengths: list[int], decode_toke
     from helpers.loadgen import Load, Workload, prompt_factory, run_load
 
     # calibrated once; every run still gets unique prompts (run_load salts each run)
-    kwargs = {"model": model or settings.model, "prompts": prompt_factory(settings, model)}
+    kwargs = {"model": model or settings.model, "prompts": prompt_factory(settings, model), "progress": False}
 
     def one(n: int, warmup: int = 0):
         return lambda: requests_frame(run_load(settings, Workload(input_len=n, output_len=decode_tokens),
                                                Load(concurrency=1, num_requests=1, warmup_requests=warmup), **kwargs))
 
     one(prompt_lengths[0], warmup=1)()  # warm-up: the first request after start pays one-off costs
-    runs = interleave({n: one(n) for n in prompt_lengths}, repeats)
+    runs = interleave({n: one(n) for n in prompt_lengths}, repeats, desc="requests (by prompt tokens)")
     frames = [frame.assign(target_tokens=n, repeat=i) for n, results in runs.items() for i, frame in enumerate(results)]
     return pd.concat(frames, ignore_index=True)[["target_tokens", "repeat", "prompt_tokens", "ttft_ms", "tpot_ms", "ok"]]
 

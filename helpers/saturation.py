@@ -343,15 +343,24 @@ def saturation_caveat(profile: str, cores: int | None = None) -> Conclusion:
 def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
                   min_requests: int = 8, sample_interval_s: float = 0.25) -> tuple[list[Any], SweepAnalysis]:
     """Restart on ``--max-num-seqs cap``, run one closed-loop load per concurrency with the server's gauges
-    sampled, and analyze the sweep. Returns the load results and the analysis."""
+    sampled (a bar counts the concurrencies, beside each run's bar of requests), and analyze the sweep.
+    Returns the load results and the analysis. The engine goes back to the flag it started with, in a
+    ``finally``: a sweep stopped midway does not leave it on the cap."""
     from helpers.loadgen import Load, run_sweep
+    from helpers.progress import steps
+    from helpers.vllm_args import flag_value
 
+    start = flag_value(lab.engine.args(), "--max-num-seqs")
     lab.engine.set_flag("--max-num-seqs", cap)
-    results = []
-    for c in concurrencies:
-        load = Load(num_requests=max(min_requests, requests_per_user * c), warmup_requests=min(c, 4))
-        results += run_sweep(lab.settings, workload, concurrencies=[c], load=load, metrics=True,
-                             sample_interval_s=sample_interval_s)
+    results: list[Any] = []
+    try:
+        for c in steps(concurrencies, f"--max-num-seqs {cap} sweep", "run", label=lambda c: f"concurrency {c}"):
+            load = Load(num_requests=max(min_requests, requests_per_user * c), warmup_requests=min(c, 4))
+            results += run_sweep(lab.settings, workload, concurrencies=[c], load=load, metrics=True,
+                                 sample_interval_s=sample_interval_s)
+    finally:
+        if flag_value(lab.engine.args(), "--max-num-seqs") != start:
+            lab.engine.set_flag("--max-num-seqs", start)  # None removes the flag again
     return results, analyze_results(results, max_num_seqs=cap)
 
 

@@ -106,7 +106,8 @@ def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[in
         return run
 
     try:
-        results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats)
+        results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats,
+                             desc="speculative methods")
     finally:
         if flag_value(lab.engine.args(), SPEC_FLAG) is not None:
             lab.engine.set_flag(SPEC_FLAG, None)  # back to the baseline

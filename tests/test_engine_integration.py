@@ -17,7 +17,7 @@ from helpers.agent import run_agent
 from helpers.engine import EngineStartError
 from helpers.vllm_args import flag_value
 from helpers.machine import capability
-from helpers.notebooks import REPO_ROOT, run_notebook
+from helpers.notebooks import LONG_CELL_S, REPO_ROOT, run_notebook
 from helpers.session import EndpointError, connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings
 
@@ -36,6 +36,25 @@ def lab(tmp_path_factory):
     lab.engine.stop()
     os.environ.clear()
     os.environ.update(saved)
+
+
+_RUNS: list = []
+
+
+def _run_notebook(path, out_dir, **kwargs):
+    """``run_notebook``, its run kept for ``_no_silent_long_cells`` to check once the test's own asserts ran."""
+    run = run_notebook(path, out_dir, **kwargs)
+    _RUNS.append(run)
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _no_silent_long_cells():
+    """Every executed notebook: no cell ran longer than LONG_CELL_S without a progress display (issue 13)."""
+    _RUNS.clear()
+    yield
+    silent = [f"{run.source.name} {cell}" for run in _RUNS for cell in run.silent_cells]
+    assert not silent, f"cells that ran over {LONG_CELL_S:g} s without a progress bar:\n" + "\n".join(silent)
 
 
 def test_ready_means_the_model_is_listed(lab):
@@ -67,7 +86,7 @@ def test_a_flag_vllm_rejects_shows_the_log_and_rolls_back(lab):
 
 
 def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "01_connect_and_first_agent.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "01_connect_and_first_agent.ipynb", tmp_path,
                        parameters={"STREAM_MAX_TOKENS": 32})
     nb = nbformat.read(run.output, as_version=4)
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
@@ -95,7 +114,7 @@ def test_planner_predicts_vllm_kv_capacity_to_the_token(lab):
 
 
 def test_notebook_02_compares_prediction_with_the_engine(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "02_units_and_memory_budget.ipynb", tmp_path)
+    run = _run_notebook(REPO_ROOT / "notebooks" / "02_units_and_memory_budget.ipynb", tmp_path)
     nb = nbformat.read(run.output, as_version=4)
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "(exact)" in text and "[shown] the planner predicts the CPU engine's KV capacity" in text
@@ -117,7 +136,7 @@ def _printed(run) -> str:
 
 
 def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "03_prefill_decode_kv_cache.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "03_prefill_decode_kv_cache.ipynb", tmp_path,
                        parameters={"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "NAIVE_NEW_TOKENS": 32,
                                    "LONG_OUTPUT_TOKENS": 300, "AGENT_TURNS": 3, "STALL_STREAMS": 2})
     text = _printed(run)
@@ -143,7 +162,7 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
 
 
 def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "07_saturation.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "07_saturation.ipynb", tmp_path,
                        parameters={"CONCURRENCIES": [1, 8, 32], "MIN_REQUESTS": 8, "REQUESTS_PER_USER": 1,
                                    "SMALL_MAX_NUM_SEQS": 4, "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64})
     text = _printed(run)
@@ -162,7 +181,7 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
 
 
 def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "04_dense_vs_moe.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "04_dense_vs_moe.ipynb", tmp_path,
                        parameters={"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2})
     text = _printed(run)
     for batch in (1, 4):  # every batch judged against the repeats' spread, whichever way it went
@@ -174,7 +193,7 @@ def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):
 
 
 def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "05_quantization.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "05_quantization.ipynb", tmp_path,
                        parameters={"VARIANTS": ["tiny-agent-w8a8"], "CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
     text = _printed(run)
     assert "could not serve it" not in text and "refused it here" not in text
@@ -194,7 +213,7 @@ def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
 
 
 def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "06_speculative_decoding.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "06_speculative_decoding.ipynb", tmp_path,
                        parameters={"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2,
                                    "REPEATS": 1})
     text = _printed(run)
@@ -212,7 +231,7 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
 
 
 def test_notebook_08_tunes_three_flags_and_writes_the_result(lab, tmp_path):
-    run = run_notebook(REPO_ROOT / "notebooks" / "08_tuning_and_evaluation.ipynb", tmp_path,
+    run = _run_notebook(REPO_ROOT / "notebooks" / "08_tuning_and_evaluation.ipynb", tmp_path,
                        parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1,
                                    "CANDIDATES": [["--max-num-seqs", 16], "MEMORY", ["--kv-cache-dtype", "fp8"]]})
     text = _printed(run)

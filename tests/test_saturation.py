@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from helpers import plots  # noqa: E402
+from helpers import plots, saturation  # noqa: E402
 from helpers.saturation import analyze_sweep, classify_limit, find_knee  # noqa: E402
 
 CONCURRENCY = [1, 4, 8, 16, 32]
@@ -207,3 +207,46 @@ def test_client_lag_and_caveat():
     assert client_lag_conclusion(32, 2.0, 500).verdict == SHOWN
     assert "not negligible" in client_lag_conclusion(32, 80.0, 500).text
     assert saturation_caveat("cpu", 2).text.startswith("CPU vs GPU:") and "2 cores" in saturation_caveat("cpu", 2).text
+
+
+class _FlagEngine:
+    """Just the flags of an engine: set_flag records each restart."""
+
+    def __init__(self, args: list[str]) -> None:
+        self._args, self.restarts = list(args), []
+
+    def args(self) -> list[str]:
+        return list(self._args)
+
+    def set_flag(self, flag: str, value) -> None:
+        from helpers.vllm_args import with_flag
+
+        self._args = list(with_flag(self._args, flag, value))
+        self.restarts.append(value)
+
+
+def _cap_sweep(monkeypatch, fail_at: int | None):
+    from types import SimpleNamespace
+
+    from helpers import loadgen
+    from helpers.vllm_args import flag_value
+
+    def fake_sweep(settings, workload, concurrencies, **kwargs):
+        if concurrencies == [fail_at]:
+            raise KeyboardInterrupt
+        return [f"run at {concurrencies[0]}"]
+
+    monkeypatch.setattr(loadgen, "run_sweep", fake_sweep)
+    monkeypatch.setattr(saturation, "analyze_results", lambda results, max_num_seqs: ("analysis", results))
+    lab = SimpleNamespace(engine=_FlagEngine(["--max-model-len", "4096"]), settings=None)
+    try:
+        saturation.run_cap_sweep(lab, 8, [1, 4, 8], workload=None)
+    except KeyboardInterrupt:
+        pass
+    return lab.engine, flag_value(lab.engine.args(), "--max-num-seqs")
+
+
+@pytest.mark.parametrize("fail_at", [4, None])
+def test_a_cap_sweep_puts_the_engine_back_on_its_flags_stopped_midway_or_not(monkeypatch, fail_at):
+    engine, cap = _cap_sweep(monkeypatch, fail_at=fail_at)
+    assert cap is None and engine.restarts == [8, None]  # back to the flag it started with
