@@ -15,6 +15,7 @@ import asyncio
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 MODEL = "fake-model"
@@ -223,3 +224,20 @@ class FakeVllm:
         await event(b"[DONE]")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+
+
+def serve_json(status: int, body: dict[str, Any]) -> HTTPServer:
+    """A tiny server that answers every GET with ``status`` and ``body`` (stop it with ``shutdown()``)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

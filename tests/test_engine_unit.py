@@ -2,11 +2,10 @@
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from fake_vllm import serve_json
 
 from helpers.engine import EngineError, ExternalEngine, default_config, log_excerpt, resolve_model
 from helpers.local_engine import LocalEngine
@@ -63,24 +62,8 @@ def test_status_of_an_unreachable_endpoint_says_why_it_is_not_ready():
     assert status["ready"] is False and status["problem"].startswith(f"cannot reach http://127.0.0.1:{port}/v1/models")
 
 
-def _serving(status: int, body: dict):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(json.dumps(body).encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def test_status_names_a_refused_key_and_another_model():
-    server = _serving(401, {"error": "Unauthorized"})
+    server = serve_json(401, {"error": "Unauthorized"})
     try:
         settings = load_settings({"VLLM_HOST": f"http://127.0.0.1:{server.server_port}/v1", "VLLM_API_KEY": "sk-wrong"})
         engine = ExternalEngine(settings)
@@ -92,7 +75,7 @@ def test_status_names_a_refused_key_and_another_model():
         assert time.monotonic() - started < 30
     finally:
         server.shutdown()
-    server = _serving(200, {"data": [{"id": "tiny-moe"}]})
+    server = serve_json(200, {"data": [{"id": "tiny-moe"}]})
     try:
         status = ExternalEngine(load_settings({"VLLM_HOST": f"http://127.0.0.1:{server.server_port}/v1",
                                                "MODEL_NAME": "tiny-agent"})).status()

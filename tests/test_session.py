@@ -1,31 +1,13 @@
 """Endpoint errors are clear and fast, checked against small local HTTP servers (no vLLM needed)."""
 
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from fake_vllm import serve_json as serve
 
 from helpers.session import EndpointError, check_endpoint
 from helpers.settings import load_settings
-
-
-def serve(status: int, body: dict):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(json.dumps(body).encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def free_port() -> int:
