@@ -4,7 +4,7 @@ VENV ?= .venv
 REQUIREMENTS ?= requirements.txt
 PY := $(VENV)/bin/python
 
-.PHONY: lab test venv up down clean-venv
+.PHONY: lab test venv up down clean-venv image lab-image lab-container
 
 $(VENV)/.installed: $(REQUIREMENTS) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,3 +31,21 @@ down: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Images (images/notebook/Containerfile), with docker or podman. CPU PyTorch comes from PyTorch's CPU wheel
+# index: export PIP_EXTRA_INDEX_URL=<that index> first (README, "Installing outside this repository's machines").
+IMAGE ?= workshop-notebook:dev
+LAB_IMAGE ?= workshop-lab-cpu:dev
+CONTAINER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+CONTAINERFILE := images/notebook/Containerfile
+
+image:  ## the participants' notebook image for the cluster: make image IMAGE=registry/name:tag
+	@test -n "$(CONTAINER)" || { echo "make image needs docker or podman on PATH (or CONTAINER=/path/to/one)" >&2; exit 2; }
+	$(CONTAINER) build -f $(CONTAINERFILE) --target notebook --build-arg PIP_EXTRA_INDEX_URL -t $(IMAGE) .
+
+lab-image:  ## the self-study image (vLLM's CPU build, the tiny models, workshop lab)
+	@test -n "$(CONTAINER)" || { echo "make lab-image needs docker or podman on PATH (or CONTAINER=/path/to/one)" >&2; exit 2; }
+	$(CONTAINER) build -f $(CONTAINERFILE) --target lab-cpu --build-arg PIP_EXTRA_INDEX_URL -t $(LAB_IMAGE) .
+
+lab-container: lab-image  ## build the self-study image and run it: JupyterLab on http://127.0.0.1:8888
+	$(CONTAINER) run --rm -it -p 127.0.0.1:8888:8888 $(LAB_IMAGE)

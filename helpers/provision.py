@@ -163,6 +163,8 @@ class Workshop:
     domain: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     api_key: bool = True
+    notebook_image: str | None = None  # None: the base's image (BASE_NOTEBOOK_IMAGE)
+    engine_image: str | None = None  # None: the base's pinned vLLM image (BASE_ENGINE_IMAGE)
 
     def namespaces(self) -> list[str]:
         """The participants' namespace names, in order."""
@@ -200,6 +202,32 @@ def validate(ws: Workshop) -> None:
             raise ProvisionError(f"--node-selector needs KEY=VALUE (got {key}={value})")
     if ws.domain is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", ws.domain):
         raise ProvisionError(f"--domain {ws.domain!r} must be a DNS name such as workshop.example.com")
+    if ws.notebook_image is not None:
+        image_override(BASE_NOTEBOOK_IMAGE, ws.notebook_image, "--notebook-image")
+    if ws.engine_image is not None:
+        image_override(BASE_ENGINE_IMAGE, ws.engine_image, "--engine-image")
+
+
+BASE_NOTEBOOK_IMAGE = "quay.io/jupyter/minimal-notebook"  # image names in k8s/base (tags in its kustomization.yaml)
+BASE_ENGINE_IMAGE = "vllm/vllm-openai"
+# registry/path, then :tag and/or @sha256:digest; the tag or the digest must be given (pinned images only)
+_IMAGE_REF = re.compile(r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+(?=/))?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+                        r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+
+
+def image_override(base_name: str, ref: str, flag: str) -> dict[str, str]:
+    """A kustomize ``images:`` entry that makes ``base_name`` run ``ref`` (registry/name:tag or name@sha256:...)."""
+    match = _IMAGE_REF.match(ref)
+    if match is None or not (match["tag"] or match["digest"]):
+        raise ProvisionError(f"{flag} {ref!r} is not a pinned image reference: give registry/name:tag or "
+                             "registry/name@sha256:<digest>, e.g. ghcr.io/acme/workshop-notebook:2026-09-01 "
+                             "(the image `make image IMAGE=...` built and pushed)")
+    entry = {"name": base_name, "newName": match["name"]}
+    if match["tag"]:
+        entry["newTag"] = match["tag"]
+    if match["digest"]:
+        entry["digest"] = match["digest"]
+    return entry
 
 
 def is_system_namespace(name: str) -> bool:
@@ -311,6 +339,11 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     }
     if components:
         data["components"] = components
+    images = [image_override(BASE_NOTEBOOK_IMAGE, ws.notebook_image, "--notebook-image")] if ws.notebook_image else []
+    if ws.engine_image:
+        images.append(image_override(BASE_ENGINE_IMAGE, ws.engine_image, "--engine-image"))
+    if images:
+        data["images"] = images
     data.update({
         "labels": [{"pairs": {MANAGED_BY_LABEL: MANAGED_BY, PREFIX_LABEL: ws.prefix,
                               PARTICIPANT_LABEL: f"{number:02d}"},
@@ -373,7 +406,8 @@ def _remove_overlay(overlay_dir: Path) -> list[Path]:
 
 def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", gpu_type: str = "l4",
            out_dir: Path | str = DEFAULT_OUT_DIR, *, with_moe: bool = False, domain: str | None = None,
-           node_selector: Mapping[str, str] | None = None, api_key: bool = True) -> Rendered:
+           node_selector: Mapping[str, str] | None = None, api_key: bool = True,
+           notebook_image: str | None = None, engine_image: str | None = None) -> Rendered:
     """Write one kustomize overlay per participant under ``out_dir``; clean up the overlays it no longer needs.
 
     Secrets are created once and reused, so a second run with the same arguments writes the same bytes.
@@ -381,7 +415,8 @@ def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", 
     no longer needed (fewer participants) only the files render wrote there are deleted.
     """
     ws = Workshop(prefix=prefix, participants=participants, model=model, gpu_type=gpu_type, with_moe=with_moe,
-                  domain=domain, node_selector=dict(sorted((node_selector or {}).items())), api_key=api_key)
+                  domain=domain, node_selector=dict(sorted((node_selector or {}).items())), api_key=api_key,
+                  notebook_image=notebook_image, engine_image=engine_image)
     validate(ws)
     _check_base_engine_args()  # the model patch replaces args 1 and 3: fail before writing if the layout changed
     out = Path(out_dir)

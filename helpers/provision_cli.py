@@ -45,10 +45,14 @@ def cmd_provision(args: argparse.Namespace) -> int:
     """Render one namespace per participant (and apply them unless --dry-run)."""
     rendered = pv.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
                          with_moe=args.with_moe, domain=args.domain,
-                         node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key)
+                         node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key,
+                         notebook_image=args.notebook_image, engine_image=args.engine_image)
     dirs = rendered.overlays
     print(f"rendered {len(dirs)} overlays in {args.out} ({dirs[0].name} ... {dirs[-1].name}); "
           f"secrets kept in <overlay>/{pv.SECRETS_DIR}/ (mode 600)")
+    if args.notebook_image is None:
+        print(f"note: the notebooks run {pv.BASE_NOTEBOOK_IMAGE}, which has neither the helpers nor the notebooks: "
+              "build the workshop's image (make image IMAGE=registry/name:tag), push it, and pass --notebook-image")
     if rendered.removed:
         print(f"removed {len(rendered.removed)} overlays this workshop no longer has, with their tokens: "
               f"{' '.join(rendered.removed)}")
@@ -136,6 +140,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
                    help="GPU node label, replacing nvidia.com/gpu.present=true (repeatable)")
     p.add_argument("--no-api-key", action="store_true", help="do not protect the engines with an API key")
+    p.add_argument("--notebook-image", default=None, metavar="IMAGE",
+                   help="the participants' JupyterLab image, registry/name:tag (built by make image; k8s/README.md)")
+    p.add_argument("--engine-image", default=None, metavar="IMAGE",
+                   help=f"the engine's image instead of the pinned {pv.BASE_ENGINE_IMAGE} (e.g. a mirror)")
     p.add_argument("--dry-run", action="store_true", help="render only; print the kubectl commands")
     p.add_argument("--out", default=str(pv.DEFAULT_OUT_DIR), help="output directory (default %(default)s)")
     p.set_defaults(func=_guarded(cmd_provision))
