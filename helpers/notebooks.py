@@ -116,8 +116,9 @@ def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, 
 
 # A cell that can run longer than this shows progress (issue 13: never waiting blind)
 LONG_CELL_S = 5.0
-# tqdm's bar as text: "desc:  40%|####      | 4/10 [00:02<00:03, 1.9run/s]" or, without a total, "7run [00:02, ...]"
-_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+|\d+/\d+ \[\d+:\d+|\d+\w* \[\d+:\d+(:\d+)?[,<]")
+# tqdm's bar as text: "desc:  40%|####      | 4/10 [00:02<00:03, 1.9run/s]", without a total "7run [00:02, ...]",
+# or a status line with its elapsed time (the engine's start: "engine tiny-agent: loading weights [00:12]")
+_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+|\d+/\d+ \[\d+:\d+|\[\d+:\d\d(:\d\d)?(<|,|\])")
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 

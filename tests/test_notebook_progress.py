@@ -27,6 +27,10 @@ WIDGET_BAR = {"output_type": "display_data", "metadata": {},
 TEXT_BAR = {"output_type": "stream", "name": "stderr",
             "text": "\rsweep:  50%|#####     | 3/6 [01:02<01:02, 20.7s/run]"}
 NO_TOTAL_BAR = {"output_type": "stream", "name": "stderr", "text": "eval smoke: 7task [00:02,  3.10task/s]"}
+STATUS = {"output_type": "display_data", "metadata": {},  # the engine's start: phase and elapsed time
+          "data": {"text/plain": "engine tiny-agent: loading weights [00:12]",
+                   "application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                                "model_id": "77aa"}}}
 PRINT = {"output_type": "stream", "name": "stdout", "text": "the machine is quiet: 3% CPU busy over 1.0 s\n"}
 TABLE = {"output_type": "execute_result", "execution_count": 3, "metadata": {},
          "data": {"text/plain": "   concurrency  output_throughput\n0  1  12.5"}}
@@ -38,7 +42,7 @@ def test_cell_seconds_reads_nbclient_timing_and_none_without_it():
 
 
 def test_a_tqdm_bar_widget_or_text_counts_as_progress_and_a_print_does_not():
-    for bar in (WIDGET_BAR, TEXT_BAR, NO_TOTAL_BAR):
+    for bar in (WIDGET_BAR, TEXT_BAR, NO_TOTAL_BAR, STATUS):
         assert shows_progress(_cell("x", 1, [PRINT, bar, TABLE]))
     assert not shows_progress(_cell("x", 1, [PRINT, TABLE]))
 
