@@ -1,0 +1,127 @@
+"""The client install, as a notebook pod gets it: images/notebook/install.sh puts the `client` extra into a
+fresh virtualenv, which must hold no vLLM, import every helper module a notebook imports, and run notebook 01
+against a real engine reached only through VLLM_HOST (the engine runs from the suite's full environment).
+
+The install reuses pip's cache: 75 s on a quiet 2-core machine, 170 s beside a running suite; the engine and
+notebook 01 add about a minute. Notebooks 02-04 are not run here: they read or change the engine's flags,
+which an external endpoint (VLLM_HOST without the cluster profile) does not allow.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers.notebooks import REPO_ROOT, workshop_notebooks
+from helpers.session import connect
+from helpers.settings import CONTRACT_VARIABLES, load_settings
+
+INSTALL = REPO_ROOT / "images" / "notebook" / "install.sh"
+PORT = str(int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 11)  # beside the other engine tests' ports
+
+
+def notebook_helper_modules() -> list[str]:
+    """Every ``helpers`` module the numbered notebooks import (``import helpers.x``, ``from helpers import x``)."""
+    modules = set()
+    for path in workshop_notebooks():
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Import):
+                    modules.update(a.name for a in node.names if a.name.split(".")[0] == "helpers")
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "helpers":
+                    modules.add(node.module)
+                    if node.module == "helpers":
+                        modules.update(f"helpers.{a.name}" for a in node.names
+                                       if (REPO_ROOT / "helpers" / f"{a.name}.py").is_file())
+    return sorted(modules)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARIABLES and k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if Path(p).resolve() != Path(sys.executable).parent.resolve())
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def client_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    venv = tmp_path_factory.mktemp("client-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    done = subprocess.run(["bash", str(INSTALL), "client", str(python), str(REPO_ROOT)], capture_output=True,
+                          text=True, timeout=900, env=_clean_env())
+    assert done.returncode == 0, f"install.sh client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
+    return python
+
+
+def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):
+    cases = [(["gpu", sys.executable, str(REPO_ROOT)], "unknown profile 'gpu': give client or cpu"),
+             (["client", str(tmp_path / "nopython"), str(REPO_ROOT)], "give the interpreter of the environment"),
+             (["client", sys.executable, str(tmp_path)], "give the workshop repository's folder"),
+             (["client"], "usage:")]
+    for args, message in cases:
+        done = subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_the_notebooks_import_helper_modules_that_this_test_finds():
+    found = notebook_helper_modules()
+    assert {"helpers.session", "helpers.stream_timing", "helpers.generation_loop", "helpers.plots"} <= set(found)
+
+
+def test_client_env_has_no_vllm_and_imports_every_helper_module_a_notebook_uses(client_python):
+    modules = [*notebook_helper_modules(), "helpers.cli"]  # the workshop command, too
+    probe = ("import importlib, importlib.util, sys\n"
+             f"for name in {modules!r}:\n"
+             "    importlib.import_module(name)\n"
+             "assert importlib.util.find_spec('vllm') is None, 'vllm is installed'\n"
+             "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'vllm')\n"
+             "assert not loaded, f'importing the helpers loaded {loaded}'\n"
+             "import torch, transformers\n"
+             "assert torch.version.cuda is None, torch.__version__\n"
+             "print('ok')\n")
+    done = subprocess.run([str(client_python), "-c", probe], capture_output=True, text=True, timeout=300,
+                          env=_clean_env(), cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = subprocess.run([str(client_python), "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, timeout=120, check=True).stdout.lower()
+    assert "vllm" not in listed and "jupyterlab==" not in listed
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory: pytest.TempPathFactory):
+    """The real local engine, started from the suite's full environment on its own port and state dir."""
+    saved = dict(os.environ)
+    for name in CONTRACT_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(WORKSHOP_PORT=PORT, WORKSHOP_STATE_DIR=str(tmp_path_factory.mktemp("client-engine-state")))
+    lab = connect(load_settings())
+    yield lab.settings.base_url
+    lab.engine.stop()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.engine
+def test_notebook_01_runs_in_the_client_env_through_vllm_host(client_python, engine_url, tmp_path):
+    out = tmp_path / "executed"
+    done = subprocess.run([str(client_python.parent / "workshop"), "run",
+                           str(REPO_ROOT / "notebooks" / "01_connect_and_first_agent.ipynb"),
+                           "-p", "STREAM_MAX_TOKENS=32", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+                          env=_clean_env(VLLM_HOST=engine_url, WORKSHOP_STATE_DIR=str(tmp_path / "state")))
+    assert done.returncode == 0, done.stderr[-4000:]
+    nb = nbformat.read(out / "01_connect_and_first_agent.ipynb", as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"'endpoint': '{engine_url}'" in text or engine_url in text
+    assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
