@@ -989,6 +989,9 @@ def conclude_engine_comparison(comparison: "pd.DataFrame | None", profile: str) 
     """The planner against the live engine (``compare_with_engine``): exact, or by how much they differ."""
     expectation = "the planner predicts the CPU engine's KV capacity to the token"
     if comparison is None or "predicted" not in comparison:
+        if profile == "cpu":
+            return Conclusion("No exact check here: this endpoint is not an engine the helpers started, so its "
+                              "--kv-cache-memory-bytes and model config are not known on this machine.")
         return Conclusion("On a GPU the overhead is an estimate: compare the plan with the 'Available KV cache memory' "
                           f"line of vLLM's log ({profile} profile; no exact check here).")
     predicted = comparison.loc["kv_cache_size_tokens", "predicted"]
@@ -1013,6 +1016,18 @@ def predict_cpu_engine_kv(model_dir: ModelSource, engine_args: list[str] | tuple
     block = flag_value(engine_args, "--block-size")
     return cpu_kv_cache(kv_cache_bytes(model_shape(model_dir)), int(max_len), kv_cache_memory_bytes=int(kv_memory),
                         block_size=int(block) if isinstance(block, str) else None)
+
+
+def engine_comparison(model: ModelSource, engine_args: list[str] | tuple[str, ...],
+                      reported: Mapping[str, Any] | None) -> "pd.DataFrame":
+    """The prediction next to what vLLM reports when the engine's flags set its KV memory and the model's config
+    is here (the CPU engine the helpers run); otherwise vLLM's figures alone (an endpoint run elsewhere, a GPU)."""
+    import pandas as pd
+
+    sized = all(isinstance(flag_value(engine_args, f), str) for f in ("--kv-cache-memory-bytes", "--max-model-len"))
+    if sized and (Path(str(model)) / "config.json").is_file():
+        return compare_with_engine(predict_cpu_engine_kv(model, engine_args), reported)
+    return pd.DataFrame({"vLLM reports": dict(reported or {})}, dtype=object)
 
 
 def compare_with_engine(predicted: VllmKVCache, reported: Mapping[str, Any] | None) -> "pd.DataFrame":

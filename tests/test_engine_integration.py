@@ -237,13 +237,15 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
     assert flag_value(lab.engine.args(), "--speculative-config") is None
 
 
-def test_notebook_08_tunes_three_flags_and_writes_the_result(lab, tmp_path):
+def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
+    # two candidates: the profile's memory knob and one plain flag (each costs a restart, a measurement and
+    # an eval; the suite's time is kept under its budget)
     run = _run_notebook(REPO_ROOT / "notebooks" / "08_tuning_and_evaluation.ipynb", tmp_path,
                        parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1,
-                                   "CANDIDATES": [["--max-num-seqs", 16], "MEMORY", ["--kv-cache-dtype", "fp8"]]})
+                                   "CANDIDATES": ["MEMORY", ["--kv-cache-dtype", "fp8"]]})
     text = _printed(run)
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
-    assert [d[0] for d in decisions] == ["--max-num-seqs", "--kv-cache-memory-bytes", "--kv-cache-dtype"]
+    assert [d[0] for d in decisions] == ["--kv-cache-memory-bytes", "--kv-cache-dtype"]
     slo = re.search(r"c8_p90_ttft_ms must stay <= ([\d,]+) ms \(1\.5x the baseline's\)", text)
     assert slo, text[:3000]
     baseline_p90 = float(re.search(r"^- Baseline: .* c8_p90_ttft_ms ([\d,]+) ms", text, re.M).group(1).replace(",", ""))

@@ -449,3 +449,18 @@ def test_a_config_that_leaves_something_out_gets_a_note_saying_what_was_assumed(
     assert memory.model_shape(mla).notes == ()  # MLA caches a latent: the KV head count does not size it
     plan = memory.plan_memory(no_gqa_field, gpu="H100 SXM")
     assert plan.notes == shape.notes
+
+
+def test_engine_comparison_predicts_only_when_the_engine_flags_and_model_config_are_here():
+    from helpers.memory import conclude_engine_comparison, engine_comparison
+    from helpers.settings import models_dir
+
+    reported = {"num_gpu_blocks": 4096, "block_size": 128, "kv_cache_size_tokens": 524288}
+    args = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30)]
+    local = engine_comparison(models_dir() / "tiny-agent", args, reported)
+    assert "predicted" in local and local.loc["kv_cache_size_tokens", "vLLM reports"] == 524288
+    external = engine_comparison("tiny-agent", [], reported)  # VLLM_HOST: neither flags nor the config here
+    assert list(external.columns) == ["vLLM reports"] and external.loc["block_size", "vLLM reports"] == 128
+    assert "not an engine the helpers started" in conclude_engine_comparison(external, "cpu").text
+    assert "On a GPU" in conclude_engine_comparison(external, "gpu").text
+    assert list(engine_comparison(models_dir() / "tiny-agent", args[:2], None).columns) == ["vLLM reports"]
