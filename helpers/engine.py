@@ -89,6 +89,8 @@ def log_excerpt(text: str, max_lines: int = 20) -> str:
 class Engine(ABC):
     """The engine interface the notebooks use; backends differ only in how they restart."""
 
+    reconfigurable = True  # False: the flags and the model are set where the engine runs, not from here
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
@@ -273,6 +275,8 @@ def default_config(settings: Settings) -> EngineConfig:
 
 class ExternalEngine(Engine):
     """An endpoint someone else runs (``VLLM_HOST`` without a cluster backend): read-only."""
+
+    reconfigurable = False
 
     def config(self) -> EngineConfig:
         return EngineConfig(model=self.settings.model, served_name=self.settings.model)

@@ -120,6 +120,12 @@ def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, lon
     from helpers.vllm_args import flag_value
 
     start = flag_value(lab.engine.args(), "--max-num-batched-tokens")
+    if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only the configuration it runs
+        kept = {name: value for name, value in budgets.items() if (None if value is None else str(value)) == start}
+        if len(kept) < len(budgets):
+            print(f"measuring only {', '.join(kept) or 'nothing'}: {lab.settings.base_url} is run elsewhere, so its "
+                  "--max-num-batched-tokens is set where it runs (the local engine or the cluster profile can change it)")
+        budgets = kept
 
     def with_budget(value: Any):
         def run() -> list[StallResult]:
@@ -149,9 +155,8 @@ def conclude_stall(runs: dict[str, list[StallResult]], stall_factor: float = STA
     1. the long prefill stalls the running streams (longest gap overlapping it >= ``stall_factor`` x the
        steady median gap); 2. chunking shortens that stall; 3. chunking lengthens the long request's own
     prefill. Each is judged against the repeats' spread; a contrary result says what the numbers show."""
-    (name_a, a), (name_b, b) = list(runs.items())[:2]
     out = []
-    for name, results in ((name_a, a), (name_b, b)):
+    for name, results in list(runs.items())[:2]:
         steady, stall = _samples(results, "median_gap_before_ms"), _samples(results, "max_gap_during_prefill_ms")
         expectation = f"{name}: the long prefill stalls the running streams"
         if not steady or not stall:
@@ -167,6 +172,10 @@ def conclude_stall(runs: dict[str, list[StallResult]], stall_factor: float = STA
         else:
             out.append(Conclusion(text + f": under {stall_factor:g}x, the streams hardly noticed (a prefill this short "
                                   "takes about one decode step here).", NOT_SHOWN, expectation))
+    if len(runs) < 2:
+        return out + [Conclusion("chunked prefill was not compared: only one batch budget was measured (an endpoint "
+                                 "whose flags are set where it runs keeps its own).")]
+    (name_a, a), (name_b, b) = list(runs.items())[:2]
     stall = compare_samples(_samples(a, "max_gap_during_prefill_ms"), _samples(b, "max_gap_during_prefill_ms"),
                             higher_is_better=False)
     out.append(_judge(stall, BETTER, "chunked prefill shortens the longest stall",

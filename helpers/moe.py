@@ -39,6 +39,17 @@ def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: i
     from helpers.settings import models_dir
 
     baseline = lab.model
+    if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only the tiny models it serves
+        served = lab.engine.served_models()
+        kept = [m for m in models if m in served and (models_dir() / m).is_dir()]
+        if not kept:
+            raise RuntimeError(f"{lab.settings.base_url} serves {served}, none of {models}: this section measures the "
+                               "tiny models, which the local engine serves (unset VLLM_HOST) or the cluster profile "
+                               "can switch to.")
+        if len(kept) < len(models):
+            print(f"measuring only {', '.join(kept)}: {lab.settings.base_url} is run elsewhere, so its model is set "
+                  "where it runs (the local engine or the cluster profile can switch models)")
+        models = kept
 
     def serve(name: str):
         def run() -> list[dict[str, Any]]:
@@ -94,6 +105,10 @@ def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str, quiet: bool 
     for b in sorted(runs["batch"].unique()):
         a = runs[(runs.model == dense) & (runs.batch == b)]["decode_tok_s"].tolist()
         m = runs[(runs.model == moe) & (runs.batch == b)]["decode_tok_s"].tolist()
+        if not a or not m:
+            out.append(Conclusion(f"batch {b}: {dense if not a else moe} was not measured (see above), so there is "
+                                  "nothing to compare.", NOT_SHOWN, expectation))
+            continue
         v = compare_samples(a, m, higher_is_better=True)
         text = f"batch {b}: {moe} {v.mean_b:,.0f} tok/s vs {dense} {v.mean_a:,.0f} tok/s ({v.describe()})"
         if v.label != UNKNOWN and v.noise_rel > noisy_rel:

@@ -1,10 +1,10 @@
 """The client install, as a notebook pod gets it: images/notebook/install.sh puts the `client` extra into a
-fresh virtualenv, which must hold no vLLM, import every helper module a notebook imports, and run notebooks 01
-and 02 against a real engine reached only through VLLM_HOST (the engine runs from the suite's full environment).
+fresh virtualenv, which must hold no vLLM, import every helper module a notebook imports, and run notebooks
+01-04 against a real engine reached only through VLLM_HOST (the engine runs from the suite's full environment).
 
 The install reuses pip's cache: 75 s on a quiet 2-core machine, 170 s beside a running suite; the engine and
-notebooks 01 and 02 add about a minute. Notebooks 03 and 04 are not run here: they change the engine's flags
-and model, which an external endpoint (VLLM_HOST without the cluster profile) does not allow.
+the notebooks add about a minute and a half. An endpoint run elsewhere (VLLM_HOST without the cluster profile)
+keeps its flags and model: 03 and 04 measure what it runs and say what they could not change from here.
 """
 
 from __future__ import annotations
@@ -114,12 +114,15 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.engine
-def test_notebooks_01_and_02_run_in_the_client_env_through_vllm_host(client_python, engine_url, tmp_path):
+def test_notebooks_01_to_04_run_in_the_client_env_through_vllm_host(client_python, engine_url, tmp_path):
     out = tmp_path / "executed"
     done = subprocess.run([str(client_python.parent / "workshop"), "run",
                            str(REPO_ROOT / "notebooks" / "01_connect_and_first_agent.ipynb"),
                            str(REPO_ROOT / "notebooks" / "02_units_and_memory_budget.ipynb"),
-                           "-p", "STREAM_MAX_TOKENS=32", "--out", str(out)],
+                           str(REPO_ROOT / "notebooks" / "03_prefill_decode_kv_cache.ipynb"),
+                           str(REPO_ROOT / "notebooks" / "04_dense_vs_moe.ipynb"),
+                           "-p", "STREAM_MAX_TOKENS=32", "-p", "PROMPT_LENGTHS=[64, 1024]", "-p", "REPEATS=2",
+                           "-p", "NAIVE_NEW_TOKENS=32", "-p", "BATCHES=[1, 4]", "-p", "OUTPUT_LEN=64", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200, cwd=tmp_path,
                           env=_clean_env(VLLM_HOST=engine_url, WORKSHOP_STATE_DIR=str(tmp_path / "state")))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -131,3 +134,11 @@ def test_notebooks_01_and_02_run_in_the_client_env_through_vllm_host(client_pyth
     nb = nbformat.read(out / "02_units_and_memory_budget.ipynb", as_version=4)
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "No exact check here: this endpoint is not an engine the helpers started" in text
+    # 03 and 04 measure what the endpoint runs and say what they could not change from here
+    printed = {name: "\n".join(o.get("text", "") for c in nbformat.read(out / name, as_version=4).cells
+                               if c.cell_type == "code" for o in c.outputs)
+               for name in ("03_prefill_decode_kv_cache.ipynb", "04_dense_vs_moe.ipynb")}
+    assert f"measuring only max-num-batched-tokens default: {engine_url} is run elsewhere" in printed["03_prefill_decode_kv_cache.ipynb"]
+    assert "chunked prefill was not compared" in printed["03_prefill_decode_kv_cache.ipynb"]
+    assert f"measuring only tiny-agent: {engine_url} is run elsewhere" in printed["04_dense_vs_moe.ipynb"]
+    assert "tiny-moe was not measured (see above)" in printed["04_dense_vs_moe.ipynb"]

@@ -56,3 +56,25 @@ def test_no_steady_gap_says_so_instead_of_nan():
     quiet_run.streams[0].chunk_times, quiet_run.streams[1].chunk_times = [], []
     default, *_ = conclude_stall({"default": [quiet_run], "chunked": [stall_run()]})
     assert default.verdict == NOT_SHOWN and "nan" not in default.text
+
+
+def test_one_measured_budget_says_chunking_was_not_compared():
+    conclusions = conclude_stall({"max-num-batched-tokens default": [stall_run()]})
+    assert conclusions[0].verdict == SHOWN and len(conclusions) == 2
+    assert conclusions[1].text.startswith("chunked prefill was not compared: only one batch budget was measured")
+
+
+def test_an_endpoint_run_elsewhere_is_measured_on_its_own_budget_only(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from helpers import interference
+    from helpers.engine import ExternalEngine
+    from helpers.settings import load_settings
+
+    settings = load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1"})
+    lab = SimpleNamespace(settings=settings, engine=ExternalEngine(settings))
+    measured = []
+    monkeypatch.setattr(interference, "measure_prefill_stall", lambda *a, **k: measured.append(1) or stall_run())
+    runs = interference.measure_stall_configs(lab, {"default": None, "chunked 256": 256}, 2, 100)
+    assert list(runs) == ["default"] and len(measured) == 1  # no restart was attempted (it would raise)
+    assert "measuring only default: http://127.0.0.1:1/v1 is run elsewhere" in capsys.readouterr().out

@@ -51,3 +51,31 @@ def test_paper_conclusion_says_whether_the_advantage_is_gone():
     gone = conclude_moe_on_paper("dense", "moe", paper, 64, 126, 128, 60.1)[1]
     kept = conclude_moe_on_paper("dense", "moe", paper, 2, 4, 128, 8.0)[1]
     assert "mostly gone" in gone.text and "still there" in kept.text
+
+
+def test_a_model_that_was_not_measured_is_said_not_compared():
+    only_dense = runs([300, 310], [])
+    [c] = conclude_dense_vs_moe(only_dense, "tiny-agent", "tiny-moe")
+    assert c.verdict == NOT_SHOWN and c.text == "batch 4: tiny-moe was not measured (see above), so there is nothing to compare."
+
+
+def test_an_endpoint_run_elsewhere_is_measured_on_the_tiny_models_it_serves(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from helpers import moe
+    from helpers.engine import ExternalEngine
+    from helpers.settings import load_settings
+
+    settings = load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1"})
+    engine = ExternalEngine(settings)
+    lab = SimpleNamespace(settings=settings, engine=engine, model="tiny-agent")
+    monkeypatch.setattr(engine, "served_models", lambda: ["Qwen/Qwen3-4B"])
+    with pytest.raises(RuntimeError, match=r"serves \['Qwen/Qwen3-4B'\], none of \['tiny-agent', 'tiny-moe'\]"):
+        moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
+    seen = []
+    monkeypatch.setattr(engine, "served_models", lambda: ["tiny-agent"])
+    monkeypatch.setattr(moe, "interleave", lambda runs, rounds, desc: seen.append(list(runs)) or {})
+    moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
+    assert seen == [["tiny-agent"]]  # the MoE is not switched to: that would restart an engine we do not run
