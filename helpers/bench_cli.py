@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from helpers import bench_results, server_metrics
+from helpers.cli_args import checked_number, output_path_problem
 from helpers.loadgen import Load, LoadError, Workload, run_sweep, sweep_loads
 from helpers.session import EndpointError, check_endpoint
 from helpers.settings import SettingsError, load_settings
@@ -91,43 +91,6 @@ def _error(message: str) -> int:
     return 2
 
 
-def checked_number(text: str, kind: type = int, minimum: float | None = 1, maximum: float | None = None,
-                   above: bool = False) -> Any:
-    """``text`` as a finite ``kind`` (int or float) >= ``minimum`` (> with ``above``) and <= ``maximum``;
-    ValueError saying what is needed (an int also reads ``2e9``)."""
-    try:
-        value = kind(text)
-    except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            number = math.nan
-        if kind is not int or not number.is_integer():
-            raise ValueError(f"needs a {'whole ' if kind is int else ''}number (got {text!r})") from None
-        value = int(number)
-    if not math.isfinite(value):
-        raise ValueError(f"needs a finite number (got {text!r})")
-    low = minimum is not None and (value <= minimum if above else value < minimum)
-    if low or (maximum is not None and value > maximum):
-        bounds = ([f"{'>' if above else '>='} {minimum:g}"] if minimum is not None else []) + \
-                 ([f"<= {maximum:g}"] if maximum is not None else [])
-        raise ValueError(f"must be {' and '.join(bounds)} (got {text!r})")
-    return value
-
-
-def number_type(kind: type = int, minimum: float | None = 1, maximum: float | None = None,
-                above: bool = False) -> Any:
-    """An argparse ``type=`` for ``checked_number``: a bad value is a one-line usage error naming the flag."""
-    def parse(text: str) -> Any:
-        try:
-            return checked_number(text, kind, minimum, maximum, above)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def _number(flag: str, text: str, kind: type = int, minimum: float = 1, above: bool = False) -> Any:
     try:
         return checked_number(text, kind, minimum, above=above)
@@ -169,22 +132,6 @@ def _slos(text: str | None) -> dict[str, float] | None:
     except ValueError as err:
         raise UsageError(f"--slo: {err}") from None
     return slos
-
-
-def output_path_problem(flag: str, path: str | None) -> str | None:
-    """Why ``path`` cannot take a file ``flag`` writes (a directory, or under a file), or None: checked
-    before a run, so that minutes of measurement do not end in a traceback."""
-    if path is None:
-        return None
-    target = Path(path)
-    if target.is_dir():
-        return f"{flag} {path} is a directory: give the path of a file (inside it, say)"
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{flag} {path}: {parent} is a file, not a directory"
-            break
-    return None
 
 
 def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str, float] | None]:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import bench_cli, planner_cli, provision_cli
+from helpers import bench_cli, cli_args, planner_cli, provision_cli
 from helpers import eval_cli
 from helpers.engine import EngineError
 from helpers.local_engine import LocalEngine, describe_process, port_holder
@@ -201,7 +201,7 @@ def cmd_heldout(args: argparse.Namespace) -> int:
     from helpers.toolcall_eval import evaluate
 
     for flag, path in (("--json", args.json), ("--csv", args.csv)):
-        problem = bench_cli.output_path_problem(flag, path)
+        problem = cli_args.output_path_problem(flag, path)
         if problem:
             return _usage_error(problem)
     lab = connect()
@@ -220,7 +220,7 @@ def _summary(func: object) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    number = bench_cli.number_type
+    number = cli_args.number_type
     parser = argparse.ArgumentParser(prog="workshop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help=_summary(cmd_up))

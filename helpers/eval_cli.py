@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 
 from helpers import evals
-from helpers.bench_cli import number_type, output_path_problem
+from helpers.cli_args import number_type, output_path_problem
 from helpers.session import EndpointError, connect
 from helpers.settings import SettingsError, load_settings
 

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from helpers import gpus, memory
-from helpers.bench_cli import number_type
+from helpers.cli_args import number_type
 
 KV_DTYPES = ("bf16", "fp8")
 
