@@ -301,10 +301,11 @@ class LocalEngine(Engine):
             state, problem = _State(), "missing"
         except OSError as err:
             state, problem = _State(), f"unreadable ({err.strerror})"
-        if state.pid is not None and _process(state.pid, state.create_time) is None:
+        server = _process(state.pid, state.create_time)
+        if state.pid is not None and server is None:
             problem = (f"stale: the recorded server pid {state.pid} is gone or now another program; it was not "
                        "signalled")
-        if _process(state.pid, state.create_time) is None:
+        if server is None:
             adopted = self._adopt()
             if adopted is not None:
                 adopted.last_good = state.last_good or adopted.config
