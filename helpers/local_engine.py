@@ -201,13 +201,18 @@ class _PortLock:
 
     def _acquire(self, timeout_s: float, port: int) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline, told = time.monotonic() + timeout_s, False
+        started = time.monotonic()
+        deadline, told = started + timeout_s, False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                if not holder and time.monotonic() - started < 2:
+                    time.sleep(0.05)  # the holder has the lock but has not written its pid yet
+                    continue
+                holder = holder or "another process"
                 if time.monotonic() > deadline:
                     os.close(fd)
                     raise EngineError(f"{holder} has been starting or stopping the engine on port {port} for more than "
