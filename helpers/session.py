@@ -96,7 +96,11 @@ def make_engine(settings: Settings) -> Engine:
 
 
 def connect(settings: Settings | None = None, start: bool = True) -> Lab:
-    """Settings -> engine (started or found) -> checked endpoint -> Lab."""
+    """Settings -> engine (started or found) -> checked endpoint -> Lab. In a notebook it also makes tables show
+    whole numbers as whole numbers and gaps as "-" (``helpers.tables.format_tables``)."""
+    from helpers.tables import format_tables  # pandas: only when connecting, not on import
+
+    format_tables()
     settings = settings or load_settings()
     engine = make_engine(settings)
     if isinstance(engine, LocalEngine) and start:
