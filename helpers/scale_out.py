@@ -1,0 +1,471 @@
+"""Scale-out lessons on a replica set: which routing policy keeps an agent's cache warm, and what a client sees
+when a replica dies under load.
+
+- ``AgentWorkload``: multi-turn agent conversations: a system prompt unique to each conversation (and to each
+  run: a fresh salt, so one policy never finds the cache another policy warmed), then turns that grow the
+  conversation; ``concurrency`` conversations at a time; every request carries the ``X-Session-ID`` header
+  that ``consistent_hash`` routes on.
+- ``run_agent_workload``: sends it through an endpoint and returns one row per request sent: completed, or
+  failed with what the client saw. A request sent is never dropped from the table.
+- ``compare_policies``: per policy (interleaved across repeats, the router restarted per policy, the replicas
+  kept), each replica's prefix-cache hit rate from its own counters (d hits / d queries), TTFT per turn and
+  throughput. ``conclude_affinity`` / ``conclude_later_turns`` judge them against the run-to-run spread.
+- ``replica_failure_run``: SIGKILL one replica mid-run, count what completed, failed and was lost, read the
+  router's retry and circuit-breaker figures, time the replica's restart and its return to the rotation;
+  ``conclude_failure`` applies ``SURVIVAL_RULE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pandas as pd
+
+from helpers.comparison import compare_samples
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
+from helpers.loadgen import run_sync
+from helpers.router import SESSION_HEADER, figure_deltas
+from helpers.server_metrics import MetricsError, scrape, window
+
+WORDS = ("plan tool call read file write test check result error retry search answer user agent step note "
+         "list open close send fetch parse value table row column index cache block token model query reply "
+         "task goal state update merge branch commit build run log trace span metric alert owner team").split()
+BASELINE, AFFINITY = "round_robin", "consistent_hash"
+POLICY_ORDER = ("round_robin", "consistent_hash", "cache_aware")
+SURVIVAL_RULE = ("A run survives a replica's death when (1) no request is lost: every request sent ends in a "
+                 "complete answer or an error the client sees; (2) requests sent after the router has had time "
+                 "to notice (the detection window) all complete; (3) the killed replica, restarted, serves "
+                 "requests through the router again.")
+
+
+@dataclass(frozen=True)
+class AgentWorkload:
+    """Multi-turn agent conversations; lengths in words (about one token each for the tiny models' tokenizer)."""
+
+    conversations: int = 12
+    turns: int = 4
+    system_words: int = 600
+    turn_words: int = 40
+    max_tokens: int = 16
+    concurrency: int = 4
+    request_timeout_s: float = 120.0
+
+    def validate(self) -> None:
+        """ValueError saying what to change when a size is out of range."""
+        for name in ("conversations", "turns", "system_words", "turn_words", "max_tokens", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AgentWorkload.{name} must be >= 1 (got {getattr(self, name)})")
+
+    @property
+    def requests(self) -> int:
+        return self.conversations * self.turns
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def system_prompt(salt: int, conversation: int, words: int) -> str:
+    """A system prompt unique to (salt, conversation): the id first, so no KV block is shared with another."""
+    rng = random.Random(f"{salt}-{conversation}-system")
+    return f"session {salt} {conversation}. You are agent {conversation}. " + _words(rng, words)
+
+
+def user_turn(salt: int, conversation: int, turn: int, words: int) -> str:
+    """The user's message of one turn (what a tool returned, say)."""
+    rng = random.Random(f"{salt}-{conversation}-{turn}")
+    return f"turn {turn}: " + _words(rng, words)
+
+
+def session_id(salt: int, conversation: int) -> str:
+    """The X-Session-ID value of a conversation."""
+    return f"s{salt}-{conversation}"
+
+
+# ---------------------------------------------------------------- sending
+
+async def _one_request(http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+                       row: dict[str, Any]) -> str:
+    """Stream one chat completion into ``row`` (ok, ttft_s, e2e_s, tokens or the error); returns the text."""
+    t0 = time.perf_counter()
+    row["t_start"] = t0
+    text, first = [], None
+    try:
+        async with http.post(url, json=body, headers=headers) as resp:
+            row["status"] = resp.status
+            if resp.status != 200:
+                row["error"] = f"HTTP {resp.status}: {(await resp.text())[:160]}"
+                return ""
+            done = False
+            async for raw in resp.content:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    row["error"] = f"error in stream: {str(chunk['error'])[:160]}"
+                    return ""
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first = first or time.perf_counter()
+                        text.append(piece)
+                usage = chunk.get("usage")
+                if usage:
+                    row["prompt_tokens"] = usage.get("prompt_tokens")
+                    row["completion_tokens"] = usage.get("completion_tokens")
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    row["cached_tokens"] = cached
+            if not done:
+                row["error"] = "the stream ended before [DONE] (connection closed)"
+                return ""
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as err:
+        row["error"] = f"{type(err).__name__}: {str(err)[:160]}"
+        return ""
+    finally:
+        row["t_end"] = time.perf_counter()
+        row["e2e_s"] = row["t_end"] - t0
+    row["ok"] = True
+    row["ttft_s"] = (first or row["t_end"]) - t0
+    return "".join(text)
+
+
+async def arun_agent_workload(base_url: str, model: str, workload: AgentWorkload, salt: int,
+                              headers: dict[str, str] | None = None, rows: list[dict[str, Any]] | None = None,
+                              on_row: Any = None) -> list[dict[str, Any]]:
+    """Every conversation, ``concurrency`` at a time; a failed turn ends its conversation (the agent gives up)."""
+    workload.validate()
+    rows = [] if rows is None else rows
+    url = base_url.rstrip("/") + "/chat/completions"
+    sem = asyncio.Semaphore(workload.concurrency)
+    timeout = aiohttp.ClientTimeout(total=workload.request_timeout_s)
+
+    async def conversation(http: aiohttp.ClientSession, c: int) -> None:
+        async with sem:
+            messages = [{"role": "system", "content": system_prompt(salt, c, workload.system_words)}]
+            for turn in range(1, workload.turns + 1):
+                messages.append({"role": "user", "content": user_turn(salt, c, turn, workload.turn_words)})
+                row: dict[str, Any] = {"conversation": c, "turn": turn, "session": session_id(salt, c), "ok": False,
+                                       "status": None, "error": "", "ttft_s": None, "e2e_s": None,
+                                       "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None}
+                rows.append(row)  # recorded when sent: a request is never missing from the table
+                body = {"model": model, "messages": messages, "max_tokens": workload.max_tokens, "temperature": 0.0,
+                        "stream": True, "stream_options": {"include_usage": True}}
+                reply = await _one_request(http, url, body, {**(headers or {}), SESSION_HEADER: row["session"]}, row)
+                if on_row is not None:
+                    on_row(row)
+                if not row["ok"]:
+                    return
+                messages.append({"role": "assistant", "content": reply})
+
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await asyncio.gather(*(conversation(http, c) for c in range(workload.conversations)))
+    return rows
+
+
+def requests_frame(rows: list[dict[str, Any]], t0: float | None = None) -> pd.DataFrame:
+    """The request rows as a DataFrame, times in seconds from ``t0`` (the first send when None)."""
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    start = frame["t_start"].min() if t0 is None else t0
+    for col in ("t_start", "t_end"):
+        frame[col] = frame[col] - start
+    return frame
+
+
+def account(frame: pd.DataFrame) -> dict[str, int]:
+    """sent / completed / failed / lost: lost are rows neither completed nor carrying an error."""
+    if frame.empty:
+        return {"sent": 0, "completed": 0, "failed": 0, "lost": 0}
+    ok = frame["ok"].astype(bool)
+    failed = ~ok & (frame["error"].astype(str) != "")
+    return {"sent": len(frame), "completed": int(ok.sum()), "failed": int(failed.sum()),
+            "lost": int((~ok & ~failed).sum())}
+
+
+# ---------------------------------------------------------------- per-replica counters
+
+def replica_snapshots(urls: list[str]) -> list[Any]:
+    """One /metrics snapshot per replica (None for a replica that does not answer)."""
+    out = []
+    for url in urls:
+        try:
+            out.append(scrape(url, timeout_s=5.0))
+        except MetricsError:
+            out.append(None)
+    return out
+
+
+def replica_rows(before: list[Any], after: list[Any]) -> list[dict[str, Any]]:
+    """Per replica: prefix-cache queries and hits (tokens), hit rate, requests finished, tokens generated."""
+    rows = []
+    for i, (b, a) in enumerate(zip(before, after)):
+        w = window(b, a) if b is not None and a is not None else {}
+        rows.append({"replica": i, "prefix_queries": w.get("prefix_cache_queries"), "prefix_hits": w.get("prefix_cache_hits"),
+                     "hit_rate": w.get("prefix_cache_hit_rate"), "requests": w.get("request_success"),
+                     "generation_tokens": w.get("generation_tokens")})
+    return rows
+
+
+def total_hit_rate(rows: list[dict[str, Any]]) -> float | None:
+    """Hits over queries summed over replicas (a fraction), None when nothing was queried."""
+    queries = sum(r["prefix_queries"] or 0 for r in rows)
+    return None if not queries else sum(r["prefix_hits"] or 0 for r in rows) / queries
+
+
+# ---------------------------------------------------------------- the policy comparison
+
+@dataclass
+class PolicyComparison:
+    """Every run of ``compare_policies``: per-replica counters and per-request rows, with repeat and policy."""
+
+    replicas: pd.DataFrame  # repeat, policy, replica, prefix_queries, prefix_hits, hit_rate, requests, ...
+    requests: pd.DataFrame  # repeat, policy, conversation, turn, ok, ttft_s, ...
+    runs: pd.DataFrame  # repeat, policy, duration_s, hit_rate (all replicas), throughput, failed
+    workload: AgentWorkload
+    n_replicas: int = 0
+
+    def summary(self) -> pd.DataFrame:
+        """Per policy: total hit rate (mean and range over repeats), TTFT of turn 1 and of later turns (ms),
+        output throughput (tok/s), the busiest replica's share of requests."""
+        out = []
+        for policy, runs in self.runs.groupby("policy", sort=False):
+            req = self.requests[(self.requests["policy"] == policy) & self.requests["ok"].astype(bool)]
+            reps = self.replicas[self.replicas["policy"] == policy]
+            by_replica = reps.groupby("replica")["requests"].sum()
+            out.append({"policy": policy, "hit_rate": runs["hit_rate"].mean(),
+                        "hit_rate_min": runs["hit_rate"].min(), "hit_rate_max": runs["hit_rate"].max(),
+                        "ttft_turn1_ms": 1000 * req[req["turn"] == 1]["ttft_s"].mean(),
+                        "ttft_later_ms": 1000 * req[req["turn"] > 1]["ttft_s"].mean(),
+                        "throughput_tok_s": runs["throughput_tok_s"].mean(),
+                        "busiest_replica_share": (by_replica.max() / by_replica.sum()) if by_replica.sum() else None,
+                        "failed": int(runs["failed"].sum()), "repeats": len(runs)})
+        return pd.DataFrame(out)
+
+    def per_replica(self) -> pd.DataFrame:
+        """Per policy and replica (summed over repeats): hit rate and requests served."""
+        grouped = self.replicas.groupby(["policy", "replica"], sort=False)[["prefix_queries", "prefix_hits", "requests"]].sum()
+        grouped["hit_rate"] = grouped["prefix_hits"] / grouped["prefix_queries"].where(grouped["prefix_queries"] > 0)
+        return grouped.reset_index()
+
+    def ttft_per_turn(self) -> pd.DataFrame:
+        """Mean TTFT (ms) per policy (rows) and turn (columns), completed requests only."""
+        ok = self.requests[self.requests["ok"].astype(bool)]
+        return (1000 * ok.pivot_table(index="policy", columns="turn", values="ttft_s", aggfunc="mean", sort=False)).round(1)
+
+    def samples(self, column: str) -> dict[str, list[float]]:
+        """One value per run of each policy (``hit_rate``, ``throughput_tok_s``, ``ttft_later_s``)."""
+        return {p: list(g[column]) for p, g in self.runs.groupby("policy", sort=False)}
+
+
+def measure_policy(engine: Any, policy: str, workload: AgentWorkload, salt: int) -> dict[str, Any]:
+    """One run: the router on ``policy`` (replicas kept), the workload with fresh content, the counters around it."""
+    engine.set_policy(policy)
+    urls = engine.metrics_urls()
+    router_before = engine.router.read_figures()
+    before = replica_snapshots(urls)
+    t0 = time.perf_counter()
+    rows = run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
+                                                engine.settings.auth_headers()))
+    duration = time.perf_counter() - t0
+    after = replica_snapshots(urls)
+    frame = requests_frame(rows, t0)
+    reps = replica_rows(before, after)
+    ok = frame[frame["ok"].astype(bool)] if not frame.empty else frame
+    later = ok[ok["turn"] > 1]["ttft_s"] if not ok.empty else pd.Series(dtype=float)
+    return {"replicas": reps, "requests": frame, "duration_s": duration, "hit_rate": total_hit_rate(reps),
+            "throughput_tok_s": (ok["completion_tokens"].fillna(0).sum() / duration) if duration > 0 and not ok.empty else 0.0,
+            "ttft_later_s": later.mean() if len(later) else None, "failed": account(frame)["failed"],
+            "router": figure_deltas(router_before, engine.router.read_figures())}
+
+
+def compare_policies(engine: Any, policies: tuple[str, ...] = POLICY_ORDER, workload: AgentWorkload | None = None,
+                     repeats: int = 1, seed: int | None = None, progress: bool | None = None) -> PolicyComparison:
+    """Each policy ``repeats`` times, the order rotated each round (A B C, B C A ...), fresh content every run."""
+    from helpers.progress import steps
+
+    workload = workload or AgentWorkload()
+    workload.validate()
+    base = secrets.randbits(24) if seed is None else seed
+    order = [(r, policies[(i + r) % len(policies)]) for r in range(max(1, repeats)) for i in range(len(policies))]
+    rep_rows, req_frames, run_rows = [], [], []
+    for n, (r, policy) in enumerate(steps(order, "routing policies", "run", progress,
+                                          label=lambda step: f"{step[1]}, round {step[0] + 1}")):
+        run = measure_policy(engine, policy, workload, salt=base * 100 + n)
+        rep_rows += [{"repeat": r, "policy": policy, **row} for row in run["replicas"]]
+        req_frames.append(run["requests"].assign(repeat=r, policy=policy))
+        run_rows.append({"repeat": r, "policy": policy, **{k: run[k] for k in ("duration_s", "hit_rate", "throughput_tok_s",
+                                                                               "ttft_later_s", "failed")}})
+    return PolicyComparison(pd.DataFrame(rep_rows), pd.concat(req_frames, ignore_index=True), pd.DataFrame(run_rows),
+                            workload, engine.n)
+
+
+def conclude_affinity(hit_rates: dict[str, list[float]], affinity: str = AFFINITY,
+                      baseline: str = BASELINE) -> Conclusion:
+    """Session affinity against round robin on the prefix-cache hit rate (fractions, one per run)."""
+    expectation = f"{affinity} keeps each conversation on one replica, so more prompt tokens hit its cache than with {baseline}"
+    if not hit_rates.get(affinity) or not hit_rates.get(baseline):
+        return Conclusion(f"{affinity} or {baseline} was not measured", WITHIN_NOISE, expectation)
+    verdict = compare_samples(hit_rates[baseline], hit_rates[affinity], higher_is_better=True)
+    text = (f"{affinity} hit rate {verdict.mean_b:.1%} vs {baseline} {verdict.mean_a:.1%} "
+            f"({verdict.describe()})")
+    if lesson_verdict(verdict) == NOT_SHOWN:
+        text += ": affinity did not help here; were the conversations short, or one replica holding every session?"
+    return Conclusion(text, lesson_verdict(verdict), expectation)
+
+
+def conclude_later_turns(ttft_later_s: dict[str, list[float]], affinity: str = AFFINITY,
+                         baseline: str = BASELINE) -> Conclusion:
+    """TTFT of turns 2+ (seconds, one mean per run): lower with affinity when cache hits skip the prefill."""
+    expectation = f"turns 2+ start sooner with {affinity} (their history is already in the replica's cache)"
+    if not ttft_later_s.get(affinity) or not ttft_later_s.get(baseline):
+        return Conclusion(f"{affinity} or {baseline} was not measured", WITHIN_NOISE, expectation)
+    verdict = compare_samples(ttft_later_s[baseline], ttft_later_s[affinity], higher_is_better=False)
+    text = (f"later-turn TTFT {1000 * verdict.mean_b:.0f} ms with {affinity} vs {1000 * verdict.mean_a:.0f} ms with "
+            f"{baseline} ({verdict.describe()})")
+    if lesson_verdict(verdict) != SHOWN:
+        text += "; on a shared CPU the replicas slow each other, and a short prompt's prefill is cheap, so cache hits may not show in time"
+    return Conclusion(text, lesson_verdict(verdict), expectation)
+
+
+def cpu_caveat(n_replicas: int, cores: int) -> str:
+    """Why total throughput does not grow with replicas on this machine."""
+    return (f"These {n_replicas} replicas share this machine's {cores} CPU cores (and its memory bandwidth): a replica "
+            "adds no compute, so total throughput cannot grow the way it would with one GPU per replica. What routing "
+            "changes here is where the cache hits land and how soon later turns start.")
+
+
+def gpu_expectation(n_replicas: int) -> str:
+    """The GPU expectation, labelled as an estimate, not a measurement."""
+    return (f"Estimate, not measured: with one GPU per replica, throughput scales close to {n_replicas}x for "
+            "independent requests; session affinity then matters more, because a cache miss re-runs the prefill of the "
+            "whole conversation on a GPU that is busy with other sessions.")
+
+
+# ---------------------------------------------------------------- a replica dies under load
+
+@dataclass
+class FailureRun:
+    """What happened to every request when replica ``killed_replica`` was killed at ``t_kill_s``."""
+
+    requests: pd.DataFrame
+    killed_replica: int
+    killed_pid: int | None
+    t_kill_s: float | None  # seconds after the first request
+    detect_s: float  # the detection window the rule allows
+    restart_s: float | None  # the replica's restart, until it served again
+    rejoin_s: float | None  # after the restart, until the router sent it a request
+    router: dict[str, float] = field(default_factory=dict)  # router figures that changed during the run
+    policy: str = ""
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return account(self.requests)
+
+    def after_detection(self) -> pd.DataFrame:
+        """Requests sent after the kill plus the detection window."""
+        if self.t_kill_s is None or self.requests.empty:
+            return self.requests.iloc[0:0]
+        return self.requests[self.requests["t_start"] > self.t_kill_s + self.detect_s]
+
+    def table(self) -> pd.DataFrame:
+        """Outcomes by phase: before the kill, during the detection window, after it."""
+        frame = self.requests.copy()
+        if frame.empty:
+            return frame
+        kill = float("inf") if self.t_kill_s is None else self.t_kill_s
+        frame["phase"] = ["before the kill" if t < kill else ("detection window" if t <= kill + self.detect_s else "after")
+                          for t in frame["t_start"]]
+        frame["outcome"] = ["completed" if ok else ("failed" if err else "lost") for ok, err in zip(frame["ok"], frame["error"])]
+        return frame.pivot_table(index="phase", columns="outcome", values="turn", aggfunc="count", fill_value=0)
+
+
+def replica_failure_run(engine: Any, replica: int = 1, workload: AgentWorkload | None = None,
+                        kill_after_completed: int = 4, detect_s: float = 6.0, restart: bool = True,
+                        rejoin_timeout_s: float = 60.0, seed: int | None = None) -> FailureRun:
+    """Run ``workload`` through the router; after ``kill_after_completed`` answers, SIGKILL replica ``replica``;
+    then (``restart``) start it again and wait until the router sends it a request."""
+    workload = workload or AgentWorkload(conversations=8, turns=4, concurrency=4)
+    salt = secrets.randbits(24) if seed is None else seed
+    router_before = engine.router.read_figures()
+    state: dict[str, Any] = {"done": 0, "t_kill": None, "pid": None}
+
+    def on_row(row: dict[str, Any]) -> None:
+        state["done"] += 1 if row["ok"] else 0
+        if state["t_kill"] is None and state["done"] >= kill_after_completed:
+            state["pid"] = engine.kill_replica(replica)
+            state["t_kill"] = time.perf_counter()
+
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
+                                         engine.settings.auth_headers(), rows, on_row))
+    frame = requests_frame(rows, t0)
+    router = figure_deltas(router_before, engine.router.read_figures())
+    restart_s = rejoin_s = None
+    if restart and state["pid"] is not None:
+        restart_s = engine.restart_replica(replica)
+        rejoin_s = _wait_rejoin(engine, replica, rejoin_timeout_s, salt)
+    t_kill = None if state["t_kill"] is None else state["t_kill"] - t0
+    return FailureRun(frame, replica, state["pid"], t_kill, detect_s, restart_s, rejoin_s, router, engine.router.load().policy or "")
+
+
+def _wait_rejoin(engine: Any, replica: int, timeout_s: float, salt: int) -> float | None:
+    """Seconds until a request through the router is served by ``replica`` (its request counter grows)."""
+    import httpx
+
+    url = engine.metrics_urls()[replica]
+    t0 = time.monotonic()
+    start = scrape(url).counter("request_success") or 0.0
+    n = 0
+    while time.monotonic() - t0 < timeout_s:
+        n += 1
+        try:
+            httpx.post(engine.settings.base_url + "/chat/completions", timeout=30, headers={
+                **engine.settings.auth_headers(), SESSION_HEADER: f"rejoin-{salt}-{n}"},
+                json={"model": engine.model, "messages": [{"role": "user", "content": f"ping {n}"}], "max_tokens": 1})
+        except httpx.HTTPError:
+            pass
+        try:
+            if (scrape(url).counter("request_success") or 0.0) > start:
+                return time.monotonic() - t0
+        except MetricsError:
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def conclude_failure(counts: dict[str, int], failed_after_detection: int, rejoined: bool | None) -> Conclusion:
+    """``SURVIVAL_RULE`` on a failure run's numbers: shown (survived) or not shown, with the reason."""
+    expectation = "the service survives one replica's death"
+    problems = []
+    if counts["lost"]:
+        problems.append(f"{counts['lost']} request(s) lost without an answer or an error")
+    if failed_after_detection:
+        problems.append(f"{failed_after_detection} request(s) sent after the detection window failed")
+    if rejoined is False:
+        problems.append("the restarted replica did not get requests again")
+    text = (f"{counts['sent']} sent, {counts['completed']} completed, {counts['failed']} failed (the client saw an "
+            f"error), {counts['lost']} lost")
+    if problems:
+        return Conclusion(text + "; not survived: " + "; ".join(problems), NOT_SHOWN, expectation)
+    return Conclusion(text + "; survived by the rule", SHOWN, expectation)
+
+
+def mean_or_none(values: list[float]) -> float | None:
+    """The mean of the values that are numbers, None when there are none."""
+    clean = [v for v in values if v is not None and v == v]
+    return statistics.fmean(clean) if clean else None

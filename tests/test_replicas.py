@@ -1,0 +1,70 @@
+"""Replica-set arithmetic: ports, the CPU split, each replica's configuration, the record that finds the set."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import replicas
+from helpers.engine import EngineError, default_config
+from helpers.replicas import (BIND_VARIABLE, ReplicaSet, cpu_binds, cores_shared, read_record, replica_config,
+                              replica_ports, replica_set_for, replica_settings, router_metrics_port)
+from helpers.router import RouterError
+from helpers.settings import load_settings
+from helpers.vllm_args import flag_value
+
+
+def test_ports_follow_the_router():
+    assert replica_ports(8850, 2) == [8851, 8852]
+    assert router_metrics_port(8850, 2) == 8853
+
+
+@pytest.mark.parametrize("n, cores, expected", [
+    (2, [0, 1], ["0", "1"]),
+    (2, [0, 1, 2, 3], ["0-1", "2-3"]),
+    (3, [0, 1, 2, 3, 4, 5, 6], ["0-1", "2-3", "4-5"]),
+    (2, [0, 2, 4, 6], ["0,2", "4,6"]),
+    (3, [0, 1], ["0", "1", "0"]),  # more replicas than cores: shared
+    (1, [0, 1], ["0-1"]),
+])
+def test_cpu_binds_are_disjoint_slices(n, cores, expected):
+    assert cpu_binds(n, cores) == expected
+    assert cores_shared(n, cores) == (n > len(cores))
+
+
+def test_cpu_binds_refuse_nothing():
+    with pytest.raises(EngineError):
+        cpu_binds(0, [0, 1])
+
+
+def test_replica_config_sets_kv_budget_and_cpu_slice():
+    base = default_config(load_settings({}))
+    config = replica_config(base, "1", 512 << 20)
+    assert flag_value(config.args, "--kv-cache-memory-bytes") == str(512 << 20)
+    assert dict(config.env)[BIND_VARIABLE] == "1"
+    assert dict(config.env)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the profile's env is kept
+    assert config.model == base.model and "--enforce-eager" in config.args
+
+
+def test_replica_settings_point_at_the_replica():
+    s = replica_settings(load_settings({"WORKSHOP_PORT": "8850"}), 8851)
+    assert s.base_url == "http://127.0.0.1:8851/v1" and s.port == 8851 and s.model == "tiny-agent"
+
+
+def test_set_is_found_only_when_recorded():
+    settings = load_settings({"WORKSHOP_PORT": "8850"})
+    assert replica_set_for(settings) is None and read_record(8850) is None
+    ReplicaSet(settings, 2, "round_robin")._record()
+    found = replica_set_for(settings)
+    assert isinstance(found, ReplicaSet) and found.n == 2 and found.policy == "round_robin"
+    assert found.worker_urls() == ["http://127.0.0.1:8851", "http://127.0.0.1:8852"]
+    assert replica_set_for(load_settings({"WORKSHOP_PORT": "8860"})) is None
+
+
+def test_bad_sizes_and_policies_are_refused():
+    settings = load_settings({"WORKSHOP_PORT": "8850"})
+    with pytest.raises(EngineError, match="between 1 and"):
+        ReplicaSet(settings, replicas.MAX_REPLICAS + 1)
+    with pytest.raises(RouterError, match="choose one of"):
+        ReplicaSet(settings, 2, "fastest")
+    with pytest.raises(EngineError, match="external endpoint"):
+        ReplicaSet(load_settings({"VLLM_HOST": "http://example:8000"}), 2)

@@ -1,0 +1,124 @@
+"""Scale-out lessons: the agent workload's content, request accounting, per-replica hit rates, the verdicts
+(with numbers going both ways) and the tables of a policy comparison and a failure run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.scale_out import (AgentWorkload, FailureRun, PolicyComparison, account, conclude_affinity,
+                               conclude_failure, conclude_later_turns, cpu_caveat, gpu_expectation, replica_rows,
+                               requests_frame, session_id, system_prompt, total_hit_rate, user_turn)
+from helpers.server_metrics import parse_metrics
+
+METRICS = (Path(__file__).parent / "fixtures" / "vllm_metrics.txt").read_text()
+
+
+def test_content_is_unique_per_conversation_and_run_and_stable():
+    a, b = system_prompt(1, 0, 50), system_prompt(1, 1, 50)
+    assert a != b and a.split()[:3] != b.split()[:3]  # they differ from the first words on
+    assert system_prompt(2, 0, 50) != a  # a new run (salt) never reuses a cache another run warmed
+    assert system_prompt(1, 0, 50) == a and len(a.split()) > 50
+    assert user_turn(1, 0, 2, 10) != user_turn(1, 0, 3, 10)
+    assert session_id(7, 3) == "s7-3"
+
+
+def test_workload_validation():
+    with pytest.raises(ValueError, match="turns"):
+        AgentWorkload(turns=0).validate()
+    assert AgentWorkload(conversations=3, turns=4).requests == 12
+
+
+def _row(ok, error="", turn=1, t=0.0):
+    return {"ok": ok, "error": error, "turn": turn, "t_start": t, "t_end": t + 1, "ttft_s": 0.1 if ok else None,
+            "conversation": 0, "completion_tokens": 4 if ok else None}
+
+
+def test_account_counts_lost_requests():
+    frame = requests_frame([_row(True, t=10), _row(False, "HTTP 502: bad", t=11), _row(False, "", t=12)])
+    assert account(frame) == {"sent": 3, "completed": 1, "failed": 1, "lost": 1}
+    assert frame["t_start"].tolist() == [0, 1, 2]
+    assert account(pd.DataFrame()) == {"sent": 0, "completed": 0, "failed": 0, "lost": 0}
+
+
+def test_replica_rows_and_total_hit_rate_from_counters():
+    before = parse_metrics(METRICS)
+    after = parse_metrics(METRICS.replace("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny-agent\"} 38400.0",
+                                          "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny-agent\"} 38700.0")
+                          .replace("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"tiny-agent\"} 153600.0",
+                                   "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"tiny-agent\"} 154000.0"))
+    rows = replica_rows([before, before, None], [after, before, before])
+    assert rows[0]["prefix_hits"] == 300 and rows[0]["prefix_queries"] == 400 and rows[0]["hit_rate"] == pytest.approx(0.75)
+    assert rows[1]["prefix_queries"] == 0 and rows[2]["hit_rate"] is None  # idle, unreadable
+    assert total_hit_rate(rows) == pytest.approx(0.75)
+    assert total_hit_rate([{"prefix_queries": 0, "prefix_hits": 0}]) is None
+
+
+@pytest.mark.parametrize("rr, ch, verdict", [
+    ([0.50, 0.52], [0.70, 0.71], SHOWN),
+    ([0.70, 0.71], [0.50, 0.52], NOT_SHOWN),
+    ([0.60, 0.70], [0.62, 0.66], WITHIN_NOISE),
+])
+def test_affinity_verdict_both_ways(rr, ch, verdict):
+    c = conclude_affinity({"round_robin": rr, "consistent_hash": ch})
+    assert c.verdict == verdict and "round_robin" in c.text
+    assert conclude_affinity({"round_robin": rr}).verdict == WITHIN_NOISE
+
+
+@pytest.mark.parametrize("rr, ch, verdict", [([1.4, 1.5], [0.7, 0.8], SHOWN), ([0.7, 0.8], [1.4, 1.5], NOT_SHOWN)])
+def test_later_turn_verdict_both_ways(rr, ch, verdict):
+    assert conclude_later_turns({"round_robin": rr, "consistent_hash": ch}).verdict == verdict
+
+
+@pytest.mark.parametrize("counts, after, rejoined, verdict, words", [
+    ({"sent": 20, "completed": 18, "failed": 2, "lost": 0}, 0, True, SHOWN, "survived"),
+    ({"sent": 20, "completed": 18, "failed": 1, "lost": 1}, 0, True, NOT_SHOWN, "lost"),
+    ({"sent": 20, "completed": 17, "failed": 3, "lost": 0}, 1, True, NOT_SHOWN, "detection window"),
+    ({"sent": 20, "completed": 20, "failed": 0, "lost": 0}, 0, False, NOT_SHOWN, "did not get requests"),
+])
+def test_failure_rule_both_ways(counts, after, rejoined, verdict, words):
+    c = conclude_failure(counts, after, rejoined)
+    assert c.verdict == verdict and words in c.text
+
+
+def test_failure_run_phases():
+    rows = [_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0), _row(True, t=3.0), _row(True, t=20.0)]
+    run = FailureRun(requests_frame(rows, 0.0), 1, 123, t_kill_s=1.5, detect_s=6.0, restart_s=30.0, rejoin_s=1.0)
+    table = run.table()
+    assert table.loc["before the kill", "completed"] == 1 and table.loc["detection window", "failed"] == 1
+    assert table.loc["after", "completed"] == 1
+    assert len(run.after_detection()) == 1 and run.counts["failed"] == 1
+
+
+def _comparison():
+    runs = pd.DataFrame([
+        {"repeat": 0, "policy": "round_robin", "duration_s": 10, "hit_rate": 0.5, "throughput_tok_s": 20.0, "ttft_later_s": 1.4, "failed": 0},
+        {"repeat": 0, "policy": "consistent_hash", "duration_s": 8, "hit_rate": 0.7, "throughput_tok_s": 25.0, "ttft_later_s": 0.8, "failed": 0}])
+    reps = pd.DataFrame([
+        {"repeat": 0, "policy": "round_robin", "replica": 0, "prefix_queries": 100, "prefix_hits": 50, "requests": 6},
+        {"repeat": 0, "policy": "round_robin", "replica": 1, "prefix_queries": 100, "prefix_hits": 50, "requests": 6},
+        {"repeat": 0, "policy": "consistent_hash", "replica": 0, "prefix_queries": 150, "prefix_hits": 105, "requests": 9},
+        {"repeat": 0, "policy": "consistent_hash", "replica": 1, "prefix_queries": 50, "prefix_hits": 35, "requests": 3}])
+    reqs = pd.DataFrame([{**_row(True, turn=t), "policy": p, "ttft_s": s} for p, t, s in
+                         [("round_robin", 1, 0.2), ("round_robin", 2, 1.4), ("consistent_hash", 1, 0.2), ("consistent_hash", 2, 0.8)]])
+    return PolicyComparison(reps, reqs, runs, AgentWorkload(), 2)
+
+
+def test_comparison_tables():
+    comp = _comparison()
+    summary = comp.summary().set_index("policy")
+    assert summary.loc["consistent_hash", "hit_rate"] == 0.7
+    assert summary.loc["consistent_hash", "busiest_replica_share"] == pytest.approx(0.75)
+    assert summary.loc["round_robin", "ttft_later_ms"] == pytest.approx(1400)
+    per_replica = comp.per_replica().set_index(["policy", "replica"])
+    assert per_replica.loc[("consistent_hash", 0), "hit_rate"] == pytest.approx(0.7)
+    assert comp.ttft_per_turn().loc["consistent_hash", 2] == pytest.approx(800)
+    assert comp.samples("hit_rate") == {"round_robin": [0.5], "consistent_hash": [0.7]}
+
+
+def test_caveat_and_estimate_are_labelled():
+    assert "share" in cpu_caveat(2, 2) and "cannot grow" in cpu_caveat(2, 2)
+    assert gpu_expectation(2).startswith("Estimate, not measured")
