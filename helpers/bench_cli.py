@@ -189,6 +189,11 @@ def run_bench(args: argparse.Namespace) -> int:
         check_endpoint(settings, model)
     except (UsageError, SettingsError, EndpointError) as err:
         return _error(str(err))
+    from helpers.replicas import replica_set_for  # a replica set behind the router: per-replica figures too
+    from helpers.scale_out import per_replica_report, replica_snapshots
+
+    replica_set = replica_set_for(settings)
+    replicas_before = replica_snapshots(replica_set.metrics_urls()) if replica_set else None
     try:
         results = run_sweep(settings, workload, model=model, metrics=not args.no_metrics, progress=args.progress,
                             **sweep)
@@ -202,6 +207,9 @@ def run_bench(args: argparse.Namespace) -> int:
         return 1
     summaries = [bench_results.summarize(r, slos=slos) for r in results]
     _print_table(summaries)
+    if replica_set is not None:
+        print(f"per replica (router policy {replica_set.router.load().policy}), whole sweep:")
+        print(per_replica_report(replica_set, replicas_before).to_string(index=False))
     for s in summaries:
         warning = bench_results.client_lag_warning(s)
         if warning:

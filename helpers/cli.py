@@ -25,7 +25,11 @@ def _engine_or_fail():
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the engine for the profile (or find the running one) and print the endpoint."""
+    if getattr(args, "replicas", None) is not None or getattr(args, "router", None) is not None:
+        return _up_replicas(args)
     settings, engine = _engine_or_fail()
+    if hasattr(engine, "ensure_router"):  # a replica set is recorded on this port: keep it
+        return _up_replicas(args)
     if not isinstance(engine, LocalEngine):
         served = check_endpoint(settings, settings.model)
         print(f"external endpoint {settings.base_url} serves {served}; nothing to start")
@@ -39,9 +43,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _up_replicas(args: argparse.Namespace) -> int:
+    """``workshop up --replicas N [--router POLICY]``: N local engines behind vllm-router on the workshop's port."""
+    from helpers.replicas import ReplicaSet
+
+    settings = load_settings()
+    engine = ReplicaSet(settings, getattr(args, "replicas", None), getattr(args, "router", None))
+    start = time.monotonic()
+    engine.start(timeout_s=args.timeout)
+    print(f"router ({engine.router.load().policy}) ready after {time.monotonic() - start:.1f} s: {settings.base_url} "
+          f"serving {engine.model!r} (pid {engine.router.pid}); metrics {engine.router.metrics_url()}")
+    for row in engine.replica_rows():
+        print(f"  replica {row['replica']}: port {row['port']} pid {row['pid']} cpus {row['cpus']} kv {row['kv_bytes']} bytes")
+    print(f"logs: {engine.router.log_path()} and engine-PORT.log beside it")
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the engine: the local server with every process it started, or the cluster Deployment (scaled to 0)."""
     settings, engine = _engine_or_fail()
+    if hasattr(engine, "ensure_router"):  # a replica set: the router, then every replica
+        stopped = engine.stop()
+        print("stopped " + ", ".join(f"{name} (pid {pid})" if pid else f"{name} (was not running)"
+                                     for name, pid in stopped.items()))
+        return 0
     if not isinstance(engine, LocalEngine):
         engine.stop()
         print("engine stopped")
@@ -225,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help=_summary(cmd_up))
     p.add_argument("--timeout", type=number(float, 0, above=True), default=None, help="seconds to wait for readiness")
+    p.add_argument("--replicas", type=number(int, 1, 8), default=None,
+                   help="run N local engines behind vllm-router on the workshop's port (replicas on the next ports)")
+    p.add_argument("--router", default=None, choices=["round_robin", "consistent_hash", "cache_aware", "power_of_two",
+                                                       "random"], help="the router's policy (default consistent_hash)")
     p.set_defaults(func=cmd_up)
     sub.add_parser("down", help=_summary(cmd_down)).set_defaults(func=cmd_down)
     p = sub.add_parser("status", help=_summary(cmd_status))

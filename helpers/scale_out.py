@@ -469,3 +469,15 @@ def mean_or_none(values: list[float]) -> float | None:
     """The mean of the values that are numbers, None when there are none."""
     clean = [v for v in values if v is not None and v == v]
     return statistics.fmean(clean) if clean else None
+
+
+def per_replica_report(engine: Any, before: list[Any]) -> pd.DataFrame:
+    """Since ``before`` (``replica_snapshots(engine.metrics_urls())``): per replica its port, requests finished,
+    tokens generated, prefix-cache hit rate and router health (``workshop bench`` through a replica set)."""
+    rows = replica_rows(before, replica_snapshots(engine.metrics_urls()))
+    figures = engine.router.read_figures()
+    for row, port, url in zip(rows, engine.ports, engine.worker_urls()):
+        row["port"] = port
+        row["router_health"] = figures.get(f"vllm_router_worker_health{{worker={url}}}")
+    return pd.DataFrame(rows)[["replica", "port", "requests", "generation_tokens", "prefix_queries", "hit_rate",
+                               "router_health"]]

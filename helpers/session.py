@@ -91,7 +91,9 @@ def make_engine(settings: Settings) -> Engine:
 
         return KubernetesEngine(settings)
     if settings.managed:
-        return LocalEngine(settings)
+        from helpers.replicas import replica_set_for  # replicas behind the router (workshop up --replicas N)
+
+        return replica_set_for(settings) or LocalEngine(settings)
     return ExternalEngine(settings)
 
 
@@ -103,7 +105,7 @@ def connect(settings: Settings | None = None, start: bool = True) -> Lab:
     format_tables()
     settings = settings or load_settings()
     engine = make_engine(settings)
-    if isinstance(engine, LocalEngine) and start:
+    if start and (isinstance(engine, LocalEngine) or hasattr(engine, "ensure_router")):  # a local engine or replica set
         engine.start()
     check_endpoint(settings, engine.model)
     return Lab(settings, engine, make_client(settings))
