@@ -429,3 +429,56 @@ def test_the_engine_flags_and_variables_exist_in_the_installed_vllm(static_build
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["parsed"] == ["Qwen/Qwen3-4B", 8192, "hermes", "qwen3"]
     assert result["unknown_env"] == [] and len(job["env"]) >= 3
+
+
+# ---------------------------------------------------------------- replicas behind the router (components/router)
+
+def _build_with(tmp_path: Path, components: list[str]) -> list[dict[str, Any]]:
+    """The base with the given components, built in a temporary overlay."""
+    import os
+
+    rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": [rel(K8S / "base")],
+        "components": [rel(K8S / "components" / c) for c in components]}))
+    return build(tmp_path)
+
+
+@needs_kustomize
+def test_the_router_component_renders_validates_and_discovers_engines_by_label(tmp_path):
+    kv = pytest.importorskip("kubernetes_validate")
+    objs = _build_with(tmp_path, ["router"])
+    for obj in objs:
+        kv.validate(obj, K8S_VERSION, strict=True)
+    engine, router = one(objs, "Deployment", "vllm"), one(objs, "Deployment", "vllm-router")
+    assert engine["spec"]["replicas"] == 2 and router["spec"]["replicas"] == 1
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--service-discovery" in args and args[args.index("--policy") + 1] == "consistent_hash"
+    selector = args[args.index("--selector") + 1:args.index("--service-discovery-port")]
+    engine_labels = engine["spec"]["template"]["metadata"]["labels"]
+    router_labels = router["spec"]["template"]["metadata"]["labels"]
+    assert all(engine_labels.get(k) == v for k, v in (s.split("=", 1) for s in selector))  # finds the engines
+    assert not all(router_labels.get(k) == v for k, v in (s.split("=", 1) for s in selector))  # not itself
+    assert args[args.index("--service-discovery-namespace") + 1] == "$(NAMESPACE)"
+    # Clients keep VLLM_HOST: the engine's Service now selects the router.
+    assert one(objs, "Service", "vllm-engine")["spec"]["selector"] == {"app.kubernetes.io/name": "vllm-router"}
+    for name, spec in pod_specs(objs):
+        assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsNonRoot"] is True, name
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), f"{name}/{c['name']}"
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], f"{name}/{c['name']}"
+
+
+@needs_kustomize
+def test_the_router_may_only_read_pods_in_its_namespace_and_the_quota_rises_only_on_opt_in(tmp_path):
+    (tmp_path / "plain").mkdir()
+    objs = _build_with(tmp_path / "plain", ["router"])
+    role = one(objs, "Role", "vllm-router")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(objs, "RoleBinding", "vllm-router")
+    assert binding["roleRef"]["kind"] == "Role" and binding["subjects"][0]["name"] == "vllm-router"
+    assert not [o for o in objs if o["kind"].startswith("Cluster")]
+    assert one(objs, "ResourceQuota", "participant-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "1"
+    (tmp_path / "raised").mkdir()
+    raised = _build_with(tmp_path / "raised", ["router", "router-quota"])
+    assert one(raised, "ResourceQuota", "participant-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
