@@ -184,3 +184,22 @@ def conclude_score_work(timed: pd.DataFrame) -> Conclusion:
                                   if time_ratio < count_ratio / 2 else "."), SHOWN, expectation)
     return Conclusion(text + ": no saving here, so fixed per-call overheads dominate work this small (raise "
                       "NAIVE_NEW_TOKENS), or the machine was busy.", NOT_SHOWN, expectation)
+
+
+def plot_score_matrix(matrix: ScoreMatrix, title: str | None = None) -> "object":
+    """The T x T attention weights as a heat map, tokens on both axes; the masked (future) cells blank."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = len(matrix.tokens)
+    shown = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), np.nan, matrix.weights)
+    fig, ax = plt.subplots(figsize=(6.5, 5.5), constrained_layout=True)
+    image = ax.imshow(shown, cmap="viridis", vmin=0, vmax=1)
+    labels = [t.replace("Ġ", "·") for t in matrix.tokens]
+    ax.set_xticks(range(n), labels, rotation=90, fontsize="small")
+    ax.set_yticks(range(n), labels, fontsize="small")
+    ax.set_xlabel("key: the earlier token looked at")
+    ax.set_ylabel("query: the token being computed")
+    ax.set_title(title or f"Attention weights, layer {matrix.layer}, head {matrix.head} (blank: masked, the future)")
+    fig.colorbar(image, ax=ax, label="softmax weight (each row sums to 1)")
+    return fig

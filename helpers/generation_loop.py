@@ -74,3 +74,13 @@ def conclude_loops(steps: pd.DataFrame, new_tokens: int) -> list[Conclusion]:
                                   ": no saving here (a context this short costs little to recompute, or the machine "
                                   "was busy)."), SHOWN if shown else NOT_SHOWN, "the KV cache makes generation faster"))
     return out
+
+
+def loop_summary(steps: pd.DataFrame) -> tuple[bool, pd.DataFrame]:
+    """Whether both loops chose the same tokens, and per loop: total seconds, first and last step (ms)."""
+    with_cache, without = steps[steps.cache == "with KV cache"], steps[steps.cache == "without"]
+    same = len(with_cache) == len(without) and bool((with_cache["token"].values == without["token"].values).all())
+    table = steps.groupby("cache").agg(total_s=("step_s", "sum"),
+                                       first_step_ms=("step_s", lambda s: s.iloc[min(1, len(s) - 1)] * 1000),
+                                       last_step_ms=("step_s", lambda s: s.iloc[-1] * 1000))
+    return same, table

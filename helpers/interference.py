@@ -212,3 +212,15 @@ def _judge(verdict: Verdict, expected: str, expectation: str, text: str, contrar
     if verdict.shown:
         return Conclusion(f"{text}: {contrary}.", NOT_SHOWN, expectation)
     return Conclusion(f"{text}: not measured.", NOT_SHOWN, expectation)
+
+
+def stall_table(runs: dict[str, list[StallResult]]) -> pd.DataFrame:
+    """One row per measured run: the config, the run number and its summary (``measure_stall_configs`` output)."""
+    return pd.concat({name: pd.DataFrame([r.summary() for r in results]) for name, results in runs.items()},
+                     names=["config", "run"])
+
+
+def stall_gaps(runs: dict[str, list[StallResult]]) -> pd.DataFrame:
+    """The first run's token gaps of every config, stacked with a ``config`` column (for ``plots.prefill_stall``)."""
+    return pd.concat([results[0].gaps().assign(config=name) for name, results in runs.items() if results],
+                     ignore_index=True)

@@ -260,3 +260,11 @@ def plot_reuse(curves: pd.DataFrame, title: str) -> "object":
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return fig
+
+
+def served_kv_bytes_per_token(model_dir: str | os.PathLike[str], kv_dtype: str = "bf16") -> int | None:
+    """KV bytes per token of the served model from its local config.json; None when the config is not here (an
+    endpoint serving a model this checkout does not hold)."""
+    if not (Path(model_dir) / "config.json").is_file():
+        return None
+    return kv_cache_bytes(model_dir, kv_dtype).bytes_per_token

@@ -176,3 +176,77 @@ def conclude_moe_on_paper(dense: str, moe: str, paper: dict[str, dict[str, float
                    f"read per step against {m['bf16_weights_GB']:.1f} GB of weights in all, the MoE advantage in bytes "
                    f"{'mostly gone' if moe_gb_at_batch > 0.5 * m['bf16_weights_GB'] else 'still there'}."),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper models (published config.json files) and the tiny ones on the roofline
+
+
+def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
+    """Per published model (``helpers/data/configs``): total and active parameters (B), experts, BF16 weights and
+    bytes read per decode step at batch 1 (GB), and the batch-1 decode ceiling on ``gpu`` (tokens/s)."""
+    from helpers import roofline
+    from helpers.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+
+    paper = {}
+    for name in models:
+        counts = count_params(REFERENCE_CONFIGS / f"{name}.json")
+        read = roofline.moe_bytes_per_step(counts, 1)
+        paper[name] = {"total_params_B": counts.total / 1e9, "active_params_B": counts.active / 1e9,
+                       "experts": counts.num_experts, "experts_per_token": counts.experts_per_token,
+                       "bf16_weights_GB": weight_bytes(counts) / 1e9, "bytes_read_batch1_GB": read / 1e9,
+                       f"decode_ceiling_batch1_tok_s_on_{gpu.name}": gpu.bandwidth_bytes_per_s / read}
+    return paper
+
+
+def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
+    """Per batch: distinct experts one layer of ``moe`` touches, and GB read per decode step by each model."""
+    from helpers import roofline
+    from helpers.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+
+    moe_counts = count_params(REFERENCE_CONFIGS / f"{moe}.json")
+    dense_gb = weight_bytes(count_params(REFERENCE_CONFIGS / f"{dense}.json")) / 1e9
+    return pd.DataFrame([{"batch": b,
+                          "distinct_experts_per_layer": roofline.expected_distinct_experts(
+                              moe_counts.num_experts, moe_counts.experts_per_token, b),
+                          f"{moe}_GB_read_per_step": roofline.moe_bytes_per_step(moe_counts, b) / 1e9,
+                          f"{dense}_GB_read_per_step": dense_gb} for b in batches])
+
+
+def tiny_roofline_points(tiny: pd.DataFrame, cpu: Any, input_len: int, output_len: int) -> list[Any]:
+    """The measured tiny-model decode steps (``decode_table`` rows) as points on this machine's roofline."""
+    from helpers import roofline
+    from helpers.memory import count_params, kv_cache_bytes
+    from helpers.settings import models_dir
+
+    points = []
+    for _, r in tiny.iterrows():
+        counts = count_params(models_dir() / r.model)
+        bound = roofline.decode_bound(cpu, roofline.moe_bytes_per_step(counts, r.batch), counts.active, r.batch,
+                                      input_len + output_len // 2, kv_cache_bytes(models_dir() / r.model).bytes_per_token)
+        points.append(roofline.decode_point(bound, r.server_step_ms / 1000, f"{r.model} B={r.batch}"))
+    return points
+
+
+def plot_tiny_decode(runs: pd.DataFrame, title: str = "Tiny dense vs tiny MoE on this machine") -> Any:
+    """Output tokens/s against batch per model: every run as a dot, the mean as a line; legend outside."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
+    for name, part in runs.groupby("model"):
+        ax.scatter(part["batch"], part["decode_tok_s"], s=12, alpha=0.5)
+        mean = part.groupby("batch")["decode_tok_s"].mean()
+        ax.plot(mean.index, mean.values, marker="o", label=f"{name} (mean of runs)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent streams (batch)")
+    ax.set_ylabel("output tokens/s (server step time)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="dots: each run")
+    return fig
+
+
+def experts_share_outcome(distinct: float, num_experts: int) -> str:
+    """'a few (under 25%)', 'about half (25-75%)' or 'most of them (over 75%)' of the experts touched."""
+    share = distinct / num_experts
+    return "a few (under 25%)" if share < 0.25 else "about half (25-75%)" if share <= 0.75 else "most of them (over 75%)"

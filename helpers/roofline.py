@@ -209,7 +209,7 @@ def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype:
     xs = [p.flop_per_byte for p in points] + [ridge]
     lo, hi = min(xs) / 4, max(xs) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.5, 4), constrained_layout=True)
     ax.loglog(grid, [min(peak, x * gpu.bandwidth_bytes_per_s) / 1e12 for x in grid], color="black",
               label=f"{gpu.name} roof (compute: {compute_label or compute_dtype.upper()})")
     ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.0f} FLOP/byte")
@@ -218,7 +218,8 @@ def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype:
         ax.annotate(p.label, (p.flop_per_byte, p.flops_per_s / 1e12), textcoords="offset points", xytext=(4, 4))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel(f"TFLOP/s ({compute_label or compute_dtype.upper()})")
-    ax.legend(loc="lower right")
+    ax.set_title(f"Roofline: {gpu.name}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # outside: the points sit low right
     return fig
 
 

@@ -20,3 +20,12 @@ def test_cache_faster_and_same_tokens_is_shown():
 def test_no_saving_or_different_tokens_is_not_shown():
     same, faster = conclude_loops(steps([0.05] * 3, [0.01] * 3, tokens_without=(1, 2, 4)), 3)
     assert same.verdict == NOT_SHOWN and faster.verdict == NOT_SHOWN
+
+
+def test_loop_summary_says_whether_the_tokens_match():
+    from helpers.generation_loop import loop_summary
+
+    same, table = loop_summary(steps([0.01, 0.01, 0.01], [0.02, 0.03, 0.04]))
+    assert same and table.loc["without", "last_step_ms"] == 40.0 and table.loc["with KV cache", "total_s"] == 0.03
+    different, _ = loop_summary(steps([0.01] * 3, [0.01] * 3, tokens_without=(1, 2, 4)))
+    assert not different

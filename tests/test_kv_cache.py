@@ -1,6 +1,7 @@
 """KV-cache conclusions: one request's blocks, prefix caching cold vs warm, an agent's cache hits."""
 
 import pandas as pd
+import pytest
 
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 from helpers.kv_cache import conclude_agent_cache, conclude_kv_peak, conclude_prefix_cache, expected_blocks
@@ -40,3 +41,29 @@ def test_a_noisy_saving_says_the_run_cannot_tell():
     assert c.verdict == WITHIN_NOISE and "this run cannot tell" in c.text
     flat = conclude_prefix_cache(prefix([300, 500, 400], [400, 350, 420]), 2048, 0.5)
     assert "no saving beyond the run-to-run spread" in flat.text
+
+
+def _break_rows(cold, warm, broken, prompt_tokens=300):
+    return pd.DataFrame([{"request": name, "prompt_tokens": prompt_tokens, "cached_tokens": hits, "ttft_ms": 10.0}
+                         for name, hits in (("cold", cold), ("warm (same prefix)", warm),
+                                            ("one token changed at 5", broken))])
+
+
+def test_break_the_cache_conclusion_both_ways():
+    from helpers.kv_cache import conclude_break_cache
+
+    broken = conclude_break_cache(_break_rows(0, 256, 0), block_size=128)
+    assert broken.verdict == SHOWN and "none of it" in broken.text
+    partly = conclude_break_cache(_break_rows(0, 256, 128), block_size=128)
+    assert partly.verdict == SHOWN and "only the 1 block(s) of 128" in partly.text
+    late = conclude_break_cache(_break_rows(0, 256, 256), block_size=128)
+    assert late.verdict == NOT_SHOWN and "after the last full block" in late.text
+    off = conclude_break_cache(_break_rows(0, 0, 0), block_size=128)
+    assert off.verdict == NOT_SHOWN and "--enable-prefix-caching" in off.text
+
+
+def test_break_the_cache_refuses_a_position_outside_the_prefix():
+    from helpers.kv_cache import measure_break_cache
+
+    with pytest.raises(ValueError, match="inside the prefix"):
+        measure_break_cache(None, 10, 10)

@@ -79,3 +79,23 @@ def test_an_endpoint_run_elsewhere_is_measured_on_the_tiny_models_it_serves(monk
     monkeypatch.setattr(moe, "interleave", lambda runs, rounds, desc: seen.append(list(runs)) or {})
     moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
     assert seen == [["tiny-agent"]]  # the MoE is not switched to: that would restart an engine we do not run
+
+
+def test_paper_and_fade_tables_from_the_published_configs():
+    from helpers.gpus import get_gpu
+    from helpers.moe import fade_table, paper_table
+
+    paper = paper_table(["Qwen3-4B", "Qwen3-30B-A3B"], get_gpu("H100 SXM"))
+    moe, dense = paper["Qwen3-30B-A3B"], paper["Qwen3-4B"]
+    assert moe["total_params_B"] > 30 and 3.3 < moe["active_params_B"] < 3.4 and moe["experts"] == 128
+    assert moe["bytes_read_batch1_GB"] < dense["bytes_read_batch1_GB"] < moe["bf16_weights_GB"]
+    fade = fade_table("Qwen3-4B", "Qwen3-30B-A3B", [1, 64])
+    assert fade["distinct_experts_per_layer"].round(1).tolist() == [8.0, 125.9]  # the reference numbers
+
+
+def test_experts_share_outcome_bands():
+    from helpers.moe import experts_share_outcome
+
+    assert experts_share_outcome(8, 128) == "a few (under 25%)"
+    assert experts_share_outcome(64, 128) == "about half (25-75%)"
+    assert experts_share_outcome(112, 128) == "most of them (over 75%)"
