@@ -36,6 +36,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     start = time.monotonic()
     already = engine.is_ready()
+    if not already:  # the first start takes a while: say so before the phase line (shown on a terminal) begins
+        print(f"starting the engine on port {settings.port} ({settings.model}); about a minute on a laptop CPU ...",
+              flush=True)
     engine.start(timeout_s=args.timeout)
     verb = "already running" if already else f"ready after {time.monotonic() - start:.1f} s"
     print(f"engine {verb}: {settings.base_url} serving {engine.model!r} (pid {engine.pid})")
@@ -106,9 +109,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print(line)
     if cmd_up(argparse.Namespace(timeout=None)) != 0:
         return 1
-    first = min(report.copied + report.refreshed + report.kept + report.current, default=None)
+    names = report.copied + report.refreshed + report.kept + report.current
+    first = workspace.START_HERE if workspace.START_HERE in names else min(names, default=None)
+    own_settings = any(a.startswith("--LabApp.app_settings_dir") for a in args.jupyter_args)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={report.workspace}",
-           *([f"--LabApp.default_url=/lab/tree/{first}"] if first else []), *args.jupyter_args]
+           *([f"--LabApp.default_url=/lab/tree/{first}"] if first else []),
+           *([] if own_settings else [f"--LabApp.app_settings_dir={workspace.JUPYTERLAB_SETTINGS}"]),
+           *args.jupyter_args]
     if os.geteuid() == 0 and "--allow-root" not in cmd:  # containers often run as root; JupyterLab refuses it otherwise
         cmd.append("--allow-root")
     print("starting JupyterLab:", " ".join(cmd[2:]))

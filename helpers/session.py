@@ -109,3 +109,19 @@ def connect(settings: Settings | None = None, start: bool = True) -> Lab:
         engine.start()
     check_endpoint(settings, engine.model)
     return Lab(settings, engine, make_client(settings))
+
+
+def engine_summary(settings: Settings | None = None) -> tuple[dict[str, Any], str]:
+    """The engine's status as one table column (lists joined; secrets only as set / not set) and a sentence:
+    ready, or not and what to do. Starts nothing, so a first screen can show it at once."""
+    settings = settings or load_settings()
+    status = make_engine(settings).status()
+    shown = {key: " ".join(map(str, value)) if isinstance(value, list) else value for key, value in status.items()}
+    if status.get("ready"):
+        return shown, (f"The engine is ready: {settings.base_url} serves {status.get('model')!r} "
+                       f"(profile {settings.profile}).")
+    if settings.managed:
+        return shown, ("The engine is not running. Start it with `workshop up` in a terminal, or open notebook 01: "
+                       "its first cell starts it (about a minute on a laptop CPU).")
+    return shown, (f"The endpoint {settings.base_url} is not ready ({status.get('problem', 'no answer')}): check "
+                   "VLLM_HOST, your network or port-forward, and that the engine is running.")

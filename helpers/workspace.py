@@ -1,6 +1,7 @@
 """The learner's own copies of the notebooks: the lab opens these, never the committed ones.
 
-``sync`` copies each numbered notebook of ``notebooks/`` into the workspace (``my-notebooks/`` in the
+``sync`` copies each numbered notebook of ``notebooks/``, and ``start_here.ipynb`` (the lab's first screen),
+into the workspace (``my-notebooks/`` in the
 repository, ignored by git; ``WORKSHOP_WORKSPACE`` or ``--dir`` elsewhere, e.g. ``~/work`` in the
 notebook image). A small record (``.workshop-copies.json``) holds the hash of what was copied: a copy
 whose bytes still match it is untouched and is refreshed when the committed notebook changes; a copy
@@ -23,6 +24,10 @@ from helpers.notebooks import NOTEBOOK_DIR, REPO_ROOT
 
 DEFAULT_WORKSPACE = REPO_ROOT / "my-notebooks"
 RECORD = ".workshop-copies.json"
+START_HERE = "start_here.ipynb"  # the lab's first screen: the path through the workshop and the engine's status
+# JupyterLab's default settings for the lab (its documented overrides.json): the file browser without its
+# "last modified" column, so the notebooks' full names fit in the left panel
+JUPYTERLAB_SETTINGS = Path(__file__).resolve().parent / "data" / "jupyterlab"
 
 
 class WorkspaceError(ValueError):
@@ -86,6 +91,12 @@ def _check_workspace(workspace: Path, source: Path) -> None:
                              "so running a notebook never edits the repository")
 
 
+def lesson_files(source: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The notebooks a workspace gets: ``start_here.ipynb`` (when there is one), then the numbered ones in order."""
+    start = [Path(source) / START_HERE] if (Path(source) / START_HERE).is_file() else []
+    return start + sorted(Path(source).glob("[0-9][0-9]_*.ipynb"))
+
+
 def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> SyncReport:
     """Copy new notebooks into the workspace and refresh the untouched ones; never overwrite the learner's."""
     ws = workspace_dir(workspace)
@@ -93,7 +104,7 @@ def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> Sy
     ws.mkdir(parents=True, exist_ok=True)
     record = _record(ws)
     report = SyncReport(ws)
-    for src in sorted(Path(source).glob("[0-9][0-9]_*.ipynb")):
+    for src in lesson_files(source):
         dest, name, new_hash = ws / src.name, src.name, _sha256(src)
         if not dest.exists():
             shutil.copyfile(src, dest)
@@ -114,8 +125,9 @@ def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> Sy
 
 
 def find_notebook(name: str, source: Path = NOTEBOOK_DIR) -> Path:
-    """A committed notebook by file name or number (``03``, ``3`` or ``03_prefill_decode_kv_cache.ipynb``)."""
-    notebooks = sorted(Path(source).glob("[0-9][0-9]_*.ipynb"))
+    """A committed notebook by file name or number (``03``, ``3``, ``03_prefill_decode_kv_cache.ipynb`` or
+    ``start_here``)."""
+    notebooks = lesson_files(source)
     key = Path(name).name
     matches = [p for p in notebooks if p.name == key or p.stem == key
                or (key.isdigit() and p.name[:2] == f"{int(key):02d}")]

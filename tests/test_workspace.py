@@ -4,6 +4,7 @@ and kept out of git, so running notebooks in the lab leaves the repository clean
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_workshop_notebooks_syncs_and_resets_from_the_command_line(tmp_path, cap
     ws = tmp_path / "work"
     assert cli.main(["notebooks", "--dir", str(ws)]) == 0
     committed = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-    assert sorted(p.name for p in ws.glob("*.ipynb")) == committed
+    assert sorted(p.name for p in ws.glob("*.ipynb")) == sorted([*committed, workspace.START_HERE])
     assert f"copied to {ws}" in capsys.readouterr().out
     _run_in_lab(ws / committed[0])
     assert cli.main(["notebooks", "--dir", str(ws), "--reset", "1"]) == 0
@@ -124,7 +125,7 @@ def test_workshop_notebooks_syncs_and_resets_from_the_command_line(tmp_path, cap
     assert "error: no notebook '99': give its number or file name" in capsys.readouterr().err
 
 
-def test_lab_opens_jupyterlab_on_the_copies_at_notebook_01_and_the_committed_ones_stay_clean(tmp_path, monkeypatch):
+def test_lab_opens_jupyterlab_on_the_copies_at_start_here_and_the_committed_ones_stay_clean(tmp_path, monkeypatch):
     before = {p.name: p.read_bytes() for p in NOTEBOOK_DIR.glob("*.ipynb")}
     started = {}
     monkeypatch.setattr(cli, "cmd_up", lambda args: 0)
@@ -133,7 +134,10 @@ def test_lab_opens_jupyterlab_on_the_copies_at_notebook_01_and_the_committed_one
     assert cli.main(["lab", "--dir", str(ws), "--no-browser"]) == 0
     cmd = started["cmd"]
     assert f"--notebook-dir={ws}" in cmd and "--no-browser" in cmd
-    assert "--LabApp.default_url=/lab/tree/01_connect_and_first_agent.ipynb" in cmd
+    assert "--LabApp.default_url=/lab/tree/start_here.ipynb" in cmd and (ws / "start_here.ipynb").is_file()
+    settings = next(a.split("=", 1)[1] for a in cmd if a.startswith("--LabApp.app_settings_dir="))
+    overrides = json.loads((Path(settings) / "overrides.json").read_text())
+    assert overrides["@jupyterlab/filebrowser-extension:browser"]["showLastModifiedColumn"] is False
     assert str(NOTEBOOK_DIR) not in " ".join(cmd)
     _run_in_lab(ws / "01_connect_and_first_agent.ipynb")
     assert {p.name: p.read_bytes() for p in NOTEBOOK_DIR.glob("*.ipynb")} == before
@@ -143,3 +147,25 @@ def test_lab_refuses_the_committed_folder_before_the_engine_starts(monkeypatch, 
     monkeypatch.setattr(cli, "cmd_up", lambda args: pytest.fail("the engine must not start"))
     assert cli.cmd_lab(argparse.Namespace(dir=str(NOTEBOOK_DIR), jupyter_args=[])) == 2
     assert "give another directory" in capsys.readouterr().err
+
+
+def test_start_here_is_copied_first_and_can_be_reset_by_name(tmp_path):
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    for name in ("01_first.ipynb", workspace.START_HERE):
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(name)]), src / name)
+    assert [p.name for p in workspace.lesson_files(src)] == [workspace.START_HERE, "01_first.ipynb"]
+    ws = tmp_path / "work"
+    assert workspace.sync(ws, src).copied == [workspace.START_HERE, "01_first.ipynb"]
+    mine = ws / workspace.START_HERE
+    mine.write_text(mine.read_text().replace("start_here", "mine"))
+    assert workspace.reset("start_here", ws, src) is not None
+    assert (ws / workspace.START_HERE).read_bytes() == (src / workspace.START_HERE).read_bytes()
+
+
+def test_lab_keeps_the_learners_own_settings_dir(tmp_path, monkeypatch):
+    started = {}
+    monkeypatch.setattr(cli, "cmd_up", lambda args: 0)
+    monkeypatch.setattr(cli.os, "execv", lambda exe, cmd: started.update(cmd=cmd))
+    assert cli.main(["lab", "--dir", str(tmp_path / "work"), "--LabApp.app_settings_dir=/mine"]) == 0
+    assert [a for a in started["cmd"] if "app_settings_dir" in a] == ["--LabApp.app_settings_dir=/mine"]
