@@ -154,3 +154,38 @@ def get_gpu(name: str) -> GPU:
         if _key(gpu.name) == wanted:
             return gpu
     raise UnknownGPUError(f"unknown GPU {name!r}: known GPUs are {', '.join(gpu_names())}")
+
+
+# ---------------------------------------------------------------- hourly prices (for the price of a token)
+
+@dataclass(frozen=True)
+class HourlyPrice:
+    """What one GPU (or a small VM) rents for, on demand, in USD per hour, with the page it was read from."""
+
+    name: str  # a GPU of GPUS, or a VM
+    usd_per_hour: float  # per GPU (a multi-GPU instance's price divided by its GPUs), or per VM
+    source: str
+
+
+# List prices as published; they change often and differ between providers by 2x or more: pass your own
+# (helpers.token_price takes the price as a parameter) and keep its source beside it.
+HOURLY_PRICES: tuple[HourlyPrice, ...] = (
+    HourlyPrice("H100 SXM", 2.99, "Lambda on-demand pricing page (2025): 8x NVIDIA H100 SXM, 2.99 USD per GPU-hour"),
+    HourlyPrice("H100 PCIe", 2.49, "Lambda on-demand pricing page (2025): 1x NVIDIA H100 PCIe, 2.49 USD per GPU-hour"),
+    HourlyPrice("A100 80GB SXM", 1.79, "Lambda on-demand pricing page (2025): 8x NVIDIA A100 SXM 80GB, 1.79 USD per GPU-hour"),
+    HourlyPrice("A100 40GB SXM", 1.29, "Lambda on-demand pricing page (2025): 1x NVIDIA A100 SXM 40GB, 1.29 USD per GPU-hour"),
+    HourlyPrice("B200", 4.99, "Lambda on-demand pricing page (2025): 8x NVIDIA B200, 4.99 USD per GPU-hour"),
+    HourlyPrice("A10G", 1.006, "AWS EC2 On-Demand pricing (us-east-1, Linux): g5.xlarge, 1 A10G + 4 vCPU, 1.006 USD/h"),
+    HourlyPrice("2-vCPU VM", 0.067, "Google Cloud Compute Engine VM pricing (us-central1, on demand): e2-standard-2, "
+                                    "2 vCPU + 8 GB, 0.067 USD/h"),
+)
+
+
+def hourly_price(name: str) -> HourlyPrice:
+    """The price row for ``name`` (a GPU of the table or "2-vCPU VM"), ignoring case, spaces and hyphens."""
+    wanted = _key(name)
+    for price in HOURLY_PRICES:
+        if _key(price.name) == wanted:
+            return price
+    raise LookupError(f"no hourly price for {name!r}: priced are {', '.join(p.name for p in HOURLY_PRICES)}; "
+                      "pass your own price (USD per hour) instead")

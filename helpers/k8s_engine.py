@@ -265,6 +265,19 @@ class KubernetesEngine(Engine):
                                   f"check `kubectl get pods -n {self.namespace}`.")
             time.sleep(self.ready_poll_s)
 
+    # for the manifest exercise (helpers/manifest_change.py): the live object, and adopting a change made with kubectl
+    def live_deployment(self) -> dict[str, Any]:
+        """The Deployment as the API server has it now (``kubectl get deployment -o json``)."""
+        return self._get()
+
+    def adopt(self, config: EngineConfig) -> None:
+        """Record ``config``, applied and ready by other means (``kubectl apply``), as the last good one."""
+        self._remember(config)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the engine's API key masked."""
+        return self._redact(text)
+
     # how a change is made
     def patch_ops(self, deployment: Mapping[str, Any], config: EngineConfig) -> list[dict[str, Any]]:
         """The JSON patch that puts ``config`` into the vLLM container (empty when nothing would change)."""

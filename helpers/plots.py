@@ -278,3 +278,43 @@ def speculation_bars(table: pd.DataFrame) -> Figure:
     right.set_yticklabels([])
     fig.suptitle("Speculative decoding: speed and acceptance")
     return fig
+
+
+def throughput_panels(table: pd.DataFrame, x: str | None = None, knee: float | None = None,
+                      title: str = "Throughput as load grows") -> Figure:
+    """Output tokens/s (left panel) and requests/s (right panel) per run of a sweep, each on its own axis so
+    the two lines cannot lie on top of each other; the knee marked in both when given."""
+    x = _sweep_x(table, x)
+    data = table.sort_values(x)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+    for ax, column, label, color in ((axes[0], "output_throughput", "output tokens/s", "tab:blue"),
+                                     (axes[1], "request_throughput", "requests/s", "tab:orange")):
+        ax.plot(data[x], data[column], marker="o", color=color)
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        _log2_x_if_wide(ax, data[x])
+        if knee is not None:
+            ax.axvline(knee, color="tab:red", linestyle=":", label=f"knee at {knee:g}")
+            ax.legend(loc="lower right")
+    fig.suptitle(title)
+    return fig
+
+
+def server_gauges(gauges: pd.DataFrame, title: str = "Server state during the run") -> Figure:
+    """KV-cache usage (fraction, top) and running / waiting requests (bottom) against time in s, in two
+    panels with their legends outside the data."""
+    t = gauges["t_s"] if "t_s" in gauges else gauges["t"] - gauges["t"].iloc[0]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, constrained_layout=True)
+    top.plot(t, gauges["kv_cache_usage"], color="tab:purple", label="KV cache used")
+    top.set_ylim(0, 1.05)
+    top.set_ylabel("KV used (0..1)")
+    bottom.step(t, gauges["num_requests_running"], where="post", color="tab:green", label="running")
+    bottom.step(t, gauges["num_requests_waiting"], where="post", color="tab:red", label="waiting")
+    bottom.set_ylim(bottom=0)
+    bottom.set_ylabel("requests")
+    bottom.set_xlabel("time since the run started (s)")
+    for ax in (top, bottom):
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    top.set_title(title)
+    return fig

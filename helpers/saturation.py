@@ -387,3 +387,62 @@ def saturation_conclusions(small_results: Sequence[Any], large_results: Sequence
     out.append(client_lag_conclusion(top, lag, min(s_runs[-1]["median_ttft_ms"], l_runs[-1]["median_ttft_ms"])))
     out.append(saturation_caveat(profile, cores))
     return out
+
+
+def pareto_fold_conclusion(table: pd.DataFrame, noise_rel: float = SINGLE_RUN_NOISE_REL) -> Conclusion:
+    """The per-user vs total curve (a sweep table, by concurrency): adding users should move it right (more
+    total tokens/s) and down (fewer per user). A run whose total falls below the run before by more than
+    ``noise_rel`` folds the curve back: named, with why."""
+    data = table.sort_values("concurrency")
+    rows = list(data.itertuples())
+    folds = [(a, b) for a, b in zip(rows, rows[1:])
+             if a.output_throughput and b.output_throughput and b.output_throughput < a.output_throughput * (1 - noise_rel)]
+    if not folds:
+        return Conclusion(f"Adding users never cost total throughput beyond the +/-{noise_rel:.0%} noise: the curve only "
+                          "moves right or stays, while each user's speed falls.", SHOWN)
+    a, b = folds[0]
+    return Conclusion(f"The curve folds back from concurrency {a.concurrency:g} to {b.concurrency:g}: total output "
+                      f"{a.output_throughput:.0f} -> {b.output_throughput:.0f} tokens/s while each user's TPOT went "
+                      f"{a.median_tpot_ms:.1f} -> {b.median_tpot_ms:.1f} ms. Past the knee a step gets slower faster than "
+                      "the batch grows (on a CPU the batch, the server and the load generator share the same cores), "
+                      "so more users buy less in total: the cheapest point is before the fold.", NOT_SHOWN)
+
+
+def waiting_if_cap(users: int, cap: int) -> int:
+    """Requests waiting in a closed loop of ``users`` back-to-back users behind ``--max-num-seqs cap``."""
+    return max(0, int(users) - int(cap))
+
+
+def cap_doubling_outcome(users: int, cap: int, waited_max: float) -> tuple[str, str]:
+    """The exercise "double the cap": ("none would wait" | "fewer would wait" | "as many would wait") and the
+    numbers, from the closed-loop queue (users - cap) against the most requests seen waiting at ``cap``."""
+    now, doubled = waiting_if_cap(users, cap), waiting_if_cap(users, 2 * cap)
+    outcome = "none would wait" if doubled == 0 else "fewer would wait" if doubled < now else "as many would wait"
+    return outcome, (f"{users} users behind a cap of {cap}: {now} wait (the gauges saw at most {waited_max:.0f}); behind "
+                     f"{2 * cap}: {doubled} would wait")
+
+
+def compare_at_top(top: int, sweeps: dict[str, tuple[pd.DataFrame, SweepAnalysis]]) -> pd.DataFrame:
+    """The sweeps side by side at concurrency ``top``: label -> (its sweep table, its analysis)."""
+    rows = {}
+    for label, (table, analysis) in sweeps.items():
+        run = table.loc[table.concurrency == top].iloc[0]
+        gauges = analysis.table.loc[analysis.table.concurrency == top].iloc[0]
+        rows[label] = {"output tokens/s": run.output_throughput, "median TTFT ms": run.median_ttft_ms,
+                       "p99 TTFT ms": run.p99_ttft_ms, "median TPOT ms": run.median_tpot_ms,
+                       "goodput req/s": run.get("request_goodput"), "waiting (max)": gauges.waiting_max,
+                       "running (max)": gauges.running_max}
+    return pd.DataFrame(rows)
+
+
+def client_lag_table(results_by_cap: dict[int, Sequence[Any]]) -> pd.DataFrame:
+    """The load generator's own event-loop lag (ms) and in-flight requests, per cap and concurrency."""
+    from helpers.bench_results import summarize
+
+    rows = []
+    for cap, results in results_by_cap.items():
+        for r in results:
+            s = summarize(r)
+            rows.append({"cap": cap, "concurrency": r.load.concurrency, "client_loop_lag_p99_ms": s["client_loop_lag_p99_ms"],
+                         "client_loop_lag_max_ms": s["client_loop_lag_max_ms"], "client_max_inflight": s["client_max_inflight"]})
+    return pd.DataFrame(rows)

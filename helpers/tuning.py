@@ -13,6 +13,8 @@ runs, so a slow machine does not roll back every change and a noisy one does not
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -233,3 +235,102 @@ def deployment_caveat(profile: str) -> Conclusion:
                           "elsewhere. Treat the patch as the format, and run this notebook on the cluster "
                           "(WORKSHOP_PROFILE=k8s) to get its numbers.")
     return Conclusion("Tuned on this engine: the same flags on another GPU type need their own run.")
+
+
+# ---------------------------------------------------------------- the tuning session (notebook 08)
+
+@contextmanager
+def baseline_restored(engine: Any, baseline: EngineConfig | None = None, show: Callable[[str], None] = print):
+    """Run the block, then put ``engine`` back on ``baseline`` (default: its configuration on entry), also
+    when the block raises or is interrupted: a notebook stopped midway leaves the engine on its baseline."""
+    from helpers.vllm_args import describe_change
+
+    baseline = baseline or engine.config()
+    try:
+        yield baseline
+    finally:
+        now = engine.config()
+        if now != baseline:
+            show(f"Putting the engine back on its baseline ({describe_change(now, baseline)})...")
+            engine.apply(baseline)
+
+
+@dataclass
+class TuningRun:
+    """Where a tuning session ended: the kept row and eval, the configuration it reached, each flag change."""
+
+    current: dict[str, Any]
+    current_eval: Any
+    final: EngineConfig
+    changes: list[Any]  # helpers.manifest_change.ManifestChange, one per change the engine accepted
+
+
+def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure: Callable[[str], tuple[dict, Any]],
+                            current: dict[str, Any], current_eval: Any, rule: Rule, log: TuningLog,
+                            model: str | None = None) -> TuningRun:
+    """For each (flag, value): change it (as a manifest change: helpers/manifest_change.py), ``measure`` it,
+    keep it by ``rule`` or set the flag back; every step goes into ``log``. A flag vLLM refuses is rolled
+    back by the engine interface and logged as refused. ``model``: the cluster's model for the patches shown."""
+    from helpers.engine import EngineStartError
+    from helpers.evals import compare
+    from helpers.machine import check_quiet
+    from helpers.manifest_change import change_one_flag
+    from helpers.vllm_args import flag_value
+
+    changes = []
+    for flag, value in candidates:
+        previous = flag_value(lab.engine.args(), flag)
+        change = f"{flag} {previous if previous is not None else '(default)'} -> {value}"
+        try:
+            changes.append(change_one_flag(lab.engine, flag, value, model))
+        except EngineStartError as err:
+            log.record(change, {"config": change}, None)
+            log.steps[-1].update(kept=False, why=f"vLLM refused it: {str(err).splitlines()[0]}")
+            continue
+        print(check_quiet(lab).message())
+        row, run = measure(change)
+        decision = decide(current, row, rule, compare(current_eval, run).regressed)
+        log.record(change, row, decision)
+        print(f"{'KEEP    ' if decision.keep else 'ROLLBACK'} {change}: {'; '.join(decision.reasons)}")
+        if decision.keep:
+            current, current_eval = row, run
+        else:
+            lab.engine.set_flag(flag, previous)
+    return TuningRun(current, current_eval, lab.engine.config(), changes)
+
+
+def kv_capacity_check(scorecard: Any, flag: str) -> tuple[bool | None, str]:
+    """Whether the step that changed ``flag`` (the memory knob) reported a different KV capacity than the
+    baseline: (seen, the numbers); None when the flag was not tried or the engine refused it."""
+    base = scorecard.iloc[0].get("kv_capacity_tokens")
+    steps = scorecard[scorecard["change"].astype(str).str.startswith(flag + " ")]
+    if steps.empty or "kv_capacity_tokens" not in steps or steps["kv_capacity_tokens"].isna().all() or not base:
+        return None, f"{flag} was not measured in this run (not a candidate, or the engine refused it)"
+    kv = steps["kv_capacity_tokens"].dropna().iloc[0]
+    return bool(kv != base), f"KV capacity {base:,.0f} tokens at the baseline, {kv:,.0f} with {steps.iloc[0]['change']}"
+
+
+def hypothetical_row(row: dict[str, Any], rule: Rule, speed_x: float = 1.0, latency_x: float = 1.0) -> dict[str, Any]:
+    """``row`` with its speed scaled by ``speed_x`` and its latency by ``latency_x`` (repeats included):
+    a candidate to try the rule on without a restart."""
+    out = dict(row)
+    for column, x in ((rule.speed, speed_x), (rule.latency, latency_x)):
+        if column and out.get(column) is not None:
+            out[column] = out[column] * x
+            if isinstance(out.get(f"{column}_runs"), (list, tuple)):
+                out[f"{column}_runs"] = [v * x for v in out[f"{column}_runs"]]
+    return out
+
+
+def rule_outcome(baseline: dict[str, Any], rule: Rule, speed_x: float = 1.0, latency_x: float = 1.0) -> tuple[str, str]:
+    """("kept" | "rolled back", the rule's reasons) for a candidate ``speed_x`` times as fast as ``baseline``
+    with ``latency_x`` times its latency and the same eval."""
+    decision = decide(baseline, hypothetical_row(baseline, rule, speed_x, latency_x), rule)
+    return ("kept" if decision.keep else "rolled back"), "; ".join(decision.reasons)
+
+
+def scorecard_view(scorecard: Any, top: int) -> Any:
+    """The scorecard's columns a reader compares (step, change, decision, KV, speed, latency, eval), rounded."""
+    columns = ["step", "change", "kept", "why", "kv_capacity_tokens", "c1_mean_tpot_ms", f"c{top}_output_tok_s",
+               f"c{top}_p90_ttft_ms", "all_pass_rate"]
+    return scorecard[[c for c in columns if c in scorecard]].round(2)

@@ -250,3 +250,34 @@ def _cap_sweep(monkeypatch, fail_at: int | None):
 def test_a_cap_sweep_puts_the_engine_back_on_its_flags_stopped_midway_or_not(monkeypatch, fail_at):
     engine, cap = _cap_sweep(monkeypatch, fail_at=fail_at)
     assert cap is None and engine.restarts == [8, None]  # back to the flag it started with
+
+
+def test_the_new_sweep_figures_keep_lines_and_legends_apart():
+    runs, frames = scheduler_sweep()
+    table = pd.DataFrame(runs)
+    fig = plots.throughput_panels(table, knee=8)
+    assert len(fig.axes) == 2  # tokens/s and requests/s on separate panels, never on twin axes
+    assert list(fig.axes[0].lines[0].get_ydata()) == [100, 380, 700, 730, 740]
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([v / 128 for v in (100, 380, 700, 730, 740)])
+    fig = plots.server_gauges(frames[-1])
+    assert len(fig.axes) == 2 and fig.axes[0].lines[0].get_ydata().max() == pytest.approx(0.4)
+    for ax in fig.axes:  # the legend sits right of the axes, outside the data
+        assert ax.get_legend()._bbox_to_anchor.bounds[0] > ax.get_window_extent().x1 - 1
+
+
+def test_a_pareto_curve_that_folds_back_is_named_with_its_numbers():
+    table = pd.DataFrame(summaries([100, 380, 700, 730, 740], [20, 22, 25, 400, 1200]))
+    assert saturation.pareto_fold_conclusion(table).verdict == "shown"
+    folded = pd.DataFrame(summaries([100, 380, 700, 500, 450], [20, 22, 25, 400, 1200]))
+    c = saturation.pareto_fold_conclusion(folded)
+    assert c.verdict == "not shown" and "from concurrency 8 to 16" in c.text and "700 -> 500" in c.text
+    # a dip inside the noise is not a fold
+    assert saturation.pareto_fold_conclusion(pd.DataFrame(summaries([100, 380, 700, 690, 740], [1] * 5))).verdict == "shown"
+
+
+@pytest.mark.parametrize("users, cap, outcome, doubled", [(32, 4, "fewer would wait", 24), (32, 16, "none would wait", 0),
+                                                          (8, 8, "none would wait", 0), (4, 8, "none would wait", 0)])
+def test_doubling_the_cap_from_the_closed_loop_queue(users, cap, outcome, doubled):
+    got, detail = saturation.cap_doubling_outcome(users, cap, waited_max=max(0, users - cap))
+    assert got == outcome and f"behind {2 * cap}: {doubled} would wait" in detail
+    assert saturation.waiting_if_cap(users, cap) == max(0, users - cap)

@@ -117,3 +117,63 @@ def test_the_deployed_configuration_names_the_clusters_model_not_a_local_path():
     assert args[:4] == ["--model", "Qwen/Qwen3-4B", "--served-model-name", "Qwen/Qwen3-4B"]
     # without a model given, a local path still never reaches the output: the served name stands in
     assert str(models_dir()) not in manifest_patch(local) and "tiny-agent" in command_line(local)
+
+
+class _Engine:
+    """A configuration in memory; apply records each call (what baseline_restored touches)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config, self.applied = config, []
+
+    def config(self) -> EngineConfig:
+        return self._config
+
+    def apply(self, config: EngineConfig, timeout_s: float | None = None) -> None:
+        self.applied.append(config)
+        self._config = config
+
+
+@pytest.mark.parametrize("interrupted", [True, False])
+def test_the_baseline_comes_back_when_the_block_is_stopped_midway_or_not(interrupted):
+    from dataclasses import replace
+
+    from helpers.tuning import baseline_restored
+
+    base = EngineConfig(model="m", served_name="m", args=("--max-num-seqs", "16"))
+    engine, said = _Engine(base), []
+    try:
+        with baseline_restored(engine, show=said.append):
+            engine.apply(replace(base, args=("--max-num-seqs", "32")))
+            if interrupted:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert engine.config() == base and len(engine.applied) == 2 and "--max-num-seqs 32 -> 16" in said[0]
+    with baseline_restored(engine, show=said.append):  # nothing changed: no restart
+        pass
+    assert len(engine.applied) == 2
+
+
+def test_the_rule_exercise_flips_with_the_numbers():
+    from helpers.tuning import hypothetical_row, rule_outcome
+
+    base = {"c8_tok_s": 100.0, "c8_tok_s_runs": [98.0, 102.0], "c8_p90_ttft_ms": 200.0, "kv_capacity_tokens": 1000}
+    rule = relative_rule(base, "c8_tok_s", "c8_p90_ttft_ms", min_gain=0.05, slo_x=1.5)
+    assert rule_outcome(base, rule, speed_x=1.2)[0] == "kept"
+    assert rule_outcome(base, rule, speed_x=1.02)[0] == "rolled back"  # inside the noise margin
+    outcome, why = rule_outcome(base, rule, speed_x=1.2, latency_x=2.0)
+    assert outcome == "rolled back" and "SLO" in why
+    assert hypothetical_row(base, rule, 1.1)["c8_tok_s_runs"] == pytest.approx([107.8, 112.2])
+
+
+def test_the_kv_check_reads_the_memory_knobs_step():
+    from helpers.tuning import kv_capacity_check
+
+    card = pd.DataFrame([{"change": "baseline", "kv_capacity_tokens": 1000},
+                         {"change": "--kv-cache-memory-bytes (default) -> 2147483648", "kv_capacity_tokens": 2000},
+                         {"change": "--max-num-seqs 16 -> 32", "kv_capacity_tokens": 1000}])
+    seen, detail = kv_capacity_check(card, "--kv-cache-memory-bytes")
+    assert seen is True and "1,000 tokens at the baseline, 2,000" in detail
+    assert kv_capacity_check(card.iloc[[0, 2]], "--kv-cache-memory-bytes")[0] is None
+    same = card.assign(kv_capacity_tokens=1000)
+    assert kv_capacity_check(same, "--kv-cache-memory-bytes")[0] is False
