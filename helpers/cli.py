@@ -175,7 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     connect(settings)  # start or find the engine once, before any kernel starts
     for path in paths:
         try:
-            run = run_notebook(path, out, parameters[path.name], timeout_s=args.cell_timeout)
+            run = run_notebook(path, out, parameters[path.name], timeout_s=args.cell_timeout,
+                               progress=True)  # a bar of the cells, with the section being run
         except NotebookRunError as err:
             print(f"FAILED {err}", file=sys.stderr)
             return 1

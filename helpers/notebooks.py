@@ -93,23 +93,50 @@ def cell_timeout_s(cell: nbformat.NotebookNode, timeout_s: int) -> int:
     return min(timeout_s, WIDGET_CELL_TIMEOUT_S) if "ipywidgets" in cell.get("source", "") else timeout_s
 
 
+def cell_sections(nb: nbformat.NotebookNode) -> list[str]:
+    """For each cell, the heading of the section it is in (``"2. A first chat completion"``; "" before the first
+    heading), so a progress line can say where a run is."""
+    out, current = [], ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heading = re.match(r"#{1,3} +(.+)", cell.source.strip())
+            current = heading.group(1).strip() if heading else current
+        out.append(current)
+    return out
+
+
+def _is_code(cell: nbformat.NotebookNode) -> bool:
+    return cell.cell_type == "code" and bool(cell.source.strip())
+
+
 def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, Any] | None = None,
-                 timeout_s: int = 1800) -> NotebookRun:
-    """Execute one notebook top to bottom; raise NotebookRunError on the first failing cell."""
+                 timeout_s: int = 1800, progress: bool | None = None) -> NotebookRun:
+    """Execute one notebook top to bottom; raise NotebookRunError on the first failing cell. ``progress``: a bar of
+    the code cells with the section being run (``workshop run`` shows it; None: only inside a notebook kernel)."""
+    from helpers.progress import bar
+
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, parameters or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / path.name
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
-                            timeout_func=lambda cell: cell_timeout_s(cell, timeout_s),
-                            record_timing=True)  # silent_long_cells reads each cell's timing
-    start = time.monotonic()
-    try:
-        client.execute()
-    except CellExecutionError as err:
-        nbformat.write(nb, output)
-        raise NotebookRunError(f"{path.name} failed (partial output in {output}):\n{err}") from None
+    sections = cell_sections(nb)
+    with bar(sum(_is_code(c) for c in nb.cells), path.name, "cell", progress) as shown:
+        def started(cell: nbformat.NotebookNode, cell_index: int) -> None:
+            if _is_code(cell):
+                shown.set_postfix_str(sections[cell_index][:60])
+
+        client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}},
+                                timeout_func=lambda cell: cell_timeout_s(cell, timeout_s),
+                                record_timing=True,  # silent_long_cells reads each cell's timing
+                                on_cell_start=started, on_cell_executed=lambda **_: shown.update(1))
+        start = time.monotonic()
+        try:
+            client.execute()
+        except CellExecutionError as err:
+            nbformat.write(nb, output)
+            raise NotebookRunError(f"{path.name} failed (partial output in {output}):\n{err}") from None
     nbformat.write(nb, output)
     return NotebookRun(path, output, time.monotonic() - start, silent_long_cells(nb))
 

@@ -77,3 +77,21 @@ def test_interleave_shows_each_configuration_and_round(capsys):
         {"A": [1, 1], "B": [2, 2]}
     err = capsys.readouterr().err
     assert "configs: 100%" in err and "4/4" in err and "B, round 2" in err
+
+
+def test_a_headless_run_shows_a_bar_of_the_cells_with_the_section_being_run(tmp_path, capsys):
+    from helpers.notebooks import cell_sections, run_notebook
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 09 · A test"), nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("## 1. Where it adds up\nsome text"), nbformat.v4.new_code_cell("print(x + 1)"),
+        nbformat.v4.new_code_cell("")])
+    assert cell_sections(nb) == ["09 · A test", "09 · A test", "1. Where it adds up", "1. Where it adds up",
+                                 "1. Where it adds up"]
+    path = tmp_path / "09_test.ipynb"
+    nbformat.write(nb, path)
+    run_notebook(path, tmp_path / "out", timeout_s=60, progress=True)
+    err = capsys.readouterr().err
+    assert "09_test.ipynb" in err and "2/2" in err and "1. Where it adds up" in err
+    run_notebook(path, tmp_path / "out", timeout_s=60)  # not in a notebook kernel: no bar unless asked
+    assert "2/2" not in capsys.readouterr().err
