@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 GPU_COUNTS = (1, 2, 4, 8)  # tensor-parallel sizes tried: one 8-GPU server at most
+ROOFLINE_MARGIN = 0.05  # computed prices closer than this are "the same": the model is not that exact
 MEMORY_UTILIZATION = 0.90  # share of each GPU's memory for weights + KV cache (vLLM's --gpu-memory-utilization)
 
 
@@ -215,7 +216,7 @@ def faster_is_dearer(cheapest: "pd.DataFrame", label: str, noise_rel: float = SI
         return Conclusion(text + ": the same setup is cheapest at both targets, so the price does not depend on the "
                                  "target in this range (the batch that meets the loose target meets the tight one "
                                  "too; try tighter targets).", NOT_SHOWN)
-    return Conclusion(text + f": {ratio:.2f}x, inside the +/-{noise_rel:.0%} noise of single runs.", WITHIN_NOISE)
+    return Conclusion(text + f": {ratio:.2f}x, within +/-{noise_rel:.0%}.", WITHIN_NOISE)
 
 
 def gpus_needed_conclusion(table: "pd.DataFrame", gpu: str, model: str, input_len: int, output_len: int) -> Conclusion:
@@ -292,10 +293,11 @@ def gpu_curves(model: ModelOnGPU, input_len: int, output_len: int, targets_ms: I
             for name, price in gpu_prices().items() if fits(name, model, input_len + output_len)}
 
 
-def price_at(gpu: str, model: ModelOnGPU, target_ms: float, input_len: int, output_len: int) -> float:
-    """USD per million output tokens of the cheapest roofline setup of ``gpu`` meeting ``target_ms`` (NaN: none)."""
+def price_at(gpu: str, model: ModelOnGPU, target_ms: float, input_len: int, output_len: int) -> dict[str, Any]:
+    """The cheapest roofline setup of ``gpu`` meeting ``target_ms``: its ``usd_per_million_tokens`` (NaN:
+    none), ``num_gpus``, ``concurrency`` and what bounds its step (``bound``: memory or compute)."""
     table = gpu_price_table({gpu: gpu_prices()[gpu]}, model, [target_ms], input_len, output_len)
-    return float(table.usd_per_million_tokens.iloc[0]) if len(table) else math.nan
+    return table.iloc[0].to_dict() if len(table) else {"usd_per_million_tokens": math.nan, "bound": "does not fit"}
 
 
 def price_pivot(table: "pd.DataFrame") -> "pd.DataFrame":
@@ -315,4 +317,4 @@ def price_conclusions(here: "pd.DataFrame", talk: "pd.DataFrame", gpus: "pd.Data
     """Notebook 07's price lessons: this machine's measured curve, the talk's case from the roofline."""
     return [faster_is_dearer(here, "Price of a token on this machine (measured sweeps)"),
             gpus_needed_conclusion(gpus, talk_gpu, model, input_len, output_len),
-            faster_is_dearer(talk, f"{model} on {talk_gpu} (roofline)")]
+            faster_is_dearer(talk, f"{model} on {talk_gpu} (roofline)", ROOFLINE_MARGIN)]

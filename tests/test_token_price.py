@@ -98,5 +98,7 @@ def test_the_notebooks_inputs_say_where_they_come_from():
     pivot = tp.price_pivot(table)
     assert list(pivot.columns) == ["<= 10 ms", "<= 30 ms"] and pivot.loc["A10G", "<= 10 ms"] == "-"
     assert "GPUs x" in pivot.loc["H100 SXM", "<= 10 ms"]
-    assert tp.price_at("H100 SXM", LLAMA_70B, 30, 1024, 1024) == pytest.approx(table.usd_per_million_tokens.iloc[1])
+    at = tp.price_at("H100 SXM", LLAMA_70B, 30, 1024, 1024)
+    assert at["usd_per_million_tokens"] == pytest.approx(table.usd_per_million_tokens.iloc[1]) and at["bound"] == "compute"
+    assert tp.price_at("H100 SXM", LLAMA_70B, 10, 1024, 1024)["bound"] == "memory"
     assert set(tp.gpu_curves(LLAMA_70B, 1024, 1024, [10, 30])) <= set(tp.gpu_prices())
