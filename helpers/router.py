@@ -37,10 +37,12 @@ SESSION_HEADER = "X-Session-ID"  # what consistent_hash hashes on first
 ROUTER_VERSION = "0.1.17"
 INSTALL_HINT = f"pip install vllm-router=={ROUTER_VERSION} (into the workshop's environment: .venv/bin/pip install ...)"
 ROUTER_START_TIMEOUT_S = 60.0
-# Detect a dead replica within seconds (default: a health check every 60 s), and retry a failed request on
-# another worker (the router's defaults: retries on, circuit breaker on).
+# A lab-sized router: health checks every 2 s (default 60 s) so a dead replica is noticed within seconds; the
+# circuit breaker (opens after 10 failures in its window, the default) tries a worker again after 10 s, not
+# 60 s, and closes after one success, so a restarted replica is back in the rotation soon after it serves.
 DEFAULT_ROUTER_FLAGS = ("--health-check-interval-secs", "2", "--health-failure-threshold", "2",
                         "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+                        "--cb-timeout-duration-secs", "10", "--cb-success-threshold", "1",
                         "--log-level", "info")
 
 
@@ -98,8 +100,8 @@ def router_figures(text: str) -> dict[str, float]:
 
 
 def figure_deltas(before: dict[str, float], after: dict[str, float], contains: Sequence[str] = ()) -> dict[str, float]:
-    """How much each router figure grew between two reads (gauges: their value after), only names containing
-    one of ``contains`` (all when empty), zero changes left out."""
+    """What changed between two reads of the router's figures: counters by how much they grew, gauges by their
+    value after (when it changed, or is not zero); only names containing one of ``contains`` (all when empty)."""
     out = {}
     for key, value in after.items():
         if contains and not any(c in key for c in contains):
@@ -108,7 +110,7 @@ def figure_deltas(before: dict[str, float], after: dict[str, float], contains: S
         if "_total" in key or key.split("{")[0].endswith("_count"):
             if grown:
                 out[key] = grown
-        elif value:
+        elif value or key in before and before[key] != value:
             out[key] = value
     return out
 

@@ -48,12 +48,13 @@ SURVIVAL_RULE = ("A run survives a replica's death when (1) no request is lost: 
 
 @dataclass(frozen=True)
 class AgentWorkload:
-    """Multi-turn agent conversations; lengths in words (about one token each for the tiny models' tokenizer)."""
+    """Multi-turn agent conversations; lengths in words (the tiny models' 512-token vocabulary splits one of
+    these words into about 3 tokens: 200 words make a ~600-token system prompt, 5 KV blocks of 128)."""
 
     conversations: int = 12
     turns: int = 4
-    system_words: int = 600
-    turn_words: int = 40
+    system_words: int = 200
+    turn_words: int = 30
     max_tokens: int = 16
     concurrency: int = 4
     request_timeout_s: float = 120.0
@@ -395,11 +396,15 @@ class FailureRun:
 
 def replica_failure_run(engine: Any, replica: int = 1, workload: AgentWorkload | None = None,
                         kill_after_completed: int = 4, detect_s: float = 6.0, restart: bool = True,
-                        rejoin_timeout_s: float = 60.0, seed: int | None = None) -> FailureRun:
-    """Run ``workload`` through the router; after ``kill_after_completed`` answers, SIGKILL replica ``replica``;
-    then (``restart``) start it again and wait until the router sends it a request."""
+                        rejoin_timeout_s: float = 60.0, policy: str | None = AFFINITY,
+                        seed: int | None = None, progress: bool | None = None) -> FailureRun:
+    """Run ``workload`` through the router (restarted on ``policy``; None keeps it); after ``kill_after_completed``
+    answers, SIGKILL replica ``replica``; then (``restart``) start it again and wait until the router sends it
+    a request."""
     workload = workload or AgentWorkload(conversations=8, turns=4, concurrency=4)
     salt = secrets.randbits(24) if seed is None else seed
+    if policy is not None:
+        engine.set_policy(policy)
     router_before = engine.router.read_figures()
     state: dict[str, Any] = {"done": 0, "t_kill": None, "pid": None}
 
@@ -409,16 +414,25 @@ def replica_failure_run(engine: Any, replica: int = 1, workload: AgentWorkload |
             state["pid"] = engine.kill_replica(replica)
             state["t_kill"] = time.perf_counter()
 
+    from helpers.progress import bar
+
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
-                                         engine.settings.auth_headers(), rows, on_row))
-    frame = requests_frame(rows, t0)
-    router = figure_deltas(router_before, engine.router.read_figures())
-    restart_s = rejoin_s = None
-    if restart and state["pid"] is not None:
-        restart_s = engine.restart_replica(replica)
-        rejoin_s = _wait_rejoin(engine, replica, rejoin_timeout_s, salt)
+    with bar(3 if restart else 1, "replica failure", "step", progress) as shown:
+        shown.set_postfix_str(f"load, replica {replica} killed after {kill_after_completed} answers")
+        run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
+                                             engine.settings.auth_headers(), rows, on_row))
+        shown.update(1)
+        frame = requests_frame(rows, t0)
+        router = figure_deltas(router_before, engine.router.read_figures())
+        restart_s = rejoin_s = None
+        if restart and state["pid"] is not None:
+            shown.set_postfix_str(f"restarting replica {replica}")
+            restart_s = engine.restart_replica(replica)
+            shown.update(1)
+            shown.set_postfix_str("waiting until the router sends it a request")
+            rejoin_s = _wait_rejoin(engine, replica, rejoin_timeout_s, salt)
+            shown.update(1)
     t_kill = None if state["t_kill"] is None else state["t_kill"] - t0
     return FailureRun(frame, replica, state["pid"], t_kill, detect_s, restart_s, rejoin_s, router, engine.router.load().policy or "")
 

@@ -45,5 +45,5 @@ def test_captured_figures_show_retries_breaker_and_health():
 def test_deltas_keep_counter_growth_and_nonzero_gauges():
     before = {"x_total{a=1}": 5.0, "health{w=1}": 1.0}
     after = {"x_total{a=1}": 8.0, "health{w=1}": 0.0, "y_total": 0.0, "active": 2.0}
-    assert figure_deltas(before, after) == {"x_total{a=1}": 3.0, "active": 2.0}
+    assert figure_deltas(before, after) == {"x_total{a=1}": 3.0, "health{w=1}": 0.0, "active": 2.0}  # health fell
     assert figure_deltas(before, after, contains=("x_",)) == {"x_total{a=1}": 3.0}
