@@ -103,3 +103,24 @@ def conclude_context_growth(prompt_tokens: list[int], completion_tokens: list[in
         return Conclusion(text + ": agents pay for the whole context on every step.", SHOWN, expectation)
     return Conclusion(text + f": the prompt grew less than {min_growth:g}x (the conversation was short, or the "
                       "history was not re-sent).", NOT_SHOWN, expectation)
+
+
+# ---------------------------------------------------------------- try it yourself: the tools' context tax
+
+TOOL_TAX_CHOICES = ("fewer", "about the same", "more")
+
+
+def prompt_tokens_with_tools(lab: Lab, question: str, tools: list[dict[str, Any]]) -> int:
+    """The prompt tokens the server counts for ``question`` alone when ``tools`` are offered (none: no tools)."""
+    resp = lab.chat([{"role": "user", "content": question}], max_tokens=1, **({"tools": tools} if tools else {}))
+    return int(resp.usage.prompt_tokens)
+
+
+def tool_tax_outcome(without_tools: int, with_tools: int, n_tools: int) -> tuple[str, str]:
+    """How the prompt changed when the tools were offered (one of TOOL_TAX_CHOICES), with the numbers."""
+    from helpers.lesson import ratio_outcome
+
+    outcome = ratio_outcome(without_tools, with_tools, 0.05, TOOL_TAX_CHOICES)
+    extra = with_tools - without_tools
+    return outcome, (f"{without_tools:,} prompt tokens without tools, {with_tools:,} with {n_tools} tools: "
+                     f"{extra:+,} tokens ({extra / max(1, n_tools):+,.0f} per tool), re-sent on every call of the agent.")

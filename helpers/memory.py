@@ -1040,3 +1040,34 @@ def compare_with_engine(predicted: VllmKVCache, reported: Mapping[str, Any] | No
             "kv_cache_max_concurrency": round(predicted.max_concurrency, 2)}
     rows = [{"figure": k, "predicted": v, "vLLM reports": reported.get(k)} for k, v in ours.items()]
     return pd.DataFrame(rows, dtype=object).set_index("figure")
+
+
+# ---------------------------------------------------------------- notebook 02: checks and exercises
+
+CONVERSATION_CHOICES = ("vLLM would refuse to start", "fewer", "about the same", "more, but less than twice",
+                        "about twice as many or more")
+
+
+def larger_gpus_hold_more(rows: "pd.DataFrame", conversation_tokens: int) -> tuple[bool, str]:
+    """Whether, with the same weights on every GPU of ``plan_row`` rows, a GPU with more memory holds at least as
+    many conversations of ``conversation_tokens`` as a smaller one; and the counts, smallest GPU first."""
+    key = f"conversations_of_{conversation_tokens}_tokens"
+    ordered = rows.sort_values("memory_gib")
+    counts = [int(n) if fits else 0 for n, fits in zip(ordered[key], ordered["fits"])]
+    same_weights = ordered["weights_gib"].nunique() == 1
+    detail = ", ".join(f"{gpu} ({gib:.1f} GiB): {n:,}" for gpu, gib, n in zip(ordered["gpu"], ordered["memory_gib"], counts))
+    return same_weights and counts == sorted(counts), f"conversations of {conversation_tokens:,} tokens: {detail}"
+
+
+def conversations_outcome(before: Mapping[str, Any], after: Mapping[str, Any], conversation_tokens: int) -> tuple[str, str]:
+    """How many conversations of ``conversation_tokens`` fit after one change (``plan_row`` rows before and after),
+    as one of CONVERSATION_CHOICES, with the numbers behind it."""
+    if not after.get("fits", True):
+        return CONVERSATION_CHOICES[0], fit_verdict(after) + "."
+    key = f"conversations_of_{conversation_tokens}_tokens"
+    was, now = int(before[key]), int(after[key])
+    ratio = now / was if was else (math.inf if now else 1.0)
+    outcome = CONVERSATION_CHOICES[1 if ratio < 0.9 else 2 if ratio <= 1.1 else 3 if ratio < 1.8 else 4]
+    return outcome, (f"{was:,} -> {now:,} conversations of {conversation_tokens:,} tokens; KV cache "
+                     f"{int(before['kv_cache_tokens']):,} -> {int(after['kv_cache_tokens']):,} tokens; requests of "
+                     f"max_model_len at once {int(before['requests_at_max_len']):,} -> {int(after['requests_at_max_len']):,}.")

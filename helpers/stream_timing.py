@@ -203,3 +203,46 @@ def conclude_stream(timing: StreamTiming, stall_factor: float = STALL_FACTOR) ->
         f"a stall (the engine or this client did not run: a busy machine, another request's prefill), not the "
         f"decode pace. The average TPOT of {tpot_ms:.1f} ms includes it; without that gap it is "
         f"{without * 1000:.1f} ms.", NOT_SHOWN, expectation)]
+
+
+# ---------------------------------------------------------------- try it yourself: a longer answer
+
+LENGTH_CHOICES = ("only TTFT grows", "only the total time grows", "both grow", "neither grows")
+
+
+def time_lengths(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: list[int], repeats: int = 2,
+                 progress: bool | None = None) -> list[dict[str, Any]]:
+    """Stream the same request at each ``max_tokens`` in turn (A/B/A/B, ``repeats`` rounds, ``ignore_eos``);
+    one row per request: max_tokens, round, ttft_s, e2e_s, completion_tokens."""
+    from helpers.progress import steps
+
+    plan = [(r, n) for r in range(1, repeats + 1) for n in max_tokens]
+    rows = []
+    for round_, n in steps(plan, "streams", "request", progress, label=lambda p: f"max_tokens {p[1]}"):
+        t = stream_chat(client, model, messages, max_tokens=n, extra_body={"ignore_eos": True})
+        if not t.ok:
+            raise RuntimeError(f"the streamed request failed: {t.error}. Check the engine (`workshop status`).")
+        rows.append({"max_tokens": n, "round": round_, "ttft_s": t.ttft_s, "e2e_s": t.e2e_s,
+                     "completion_tokens": t.completion_tokens})
+    return rows
+
+
+def length_outcome(rows: list[dict[str, Any]], ttft_same_within: float = 0.5,
+                   total_same_within: float = 0.25) -> tuple[str, str]:
+    """Which of TTFT and the total time grew from the shortest to the longest ``max_tokens`` of ``time_lengths``
+    rows (medians over the rounds), as one of LENGTH_CHOICES, with the numbers. TTFT, a few ms, is noisier:
+    it counts as grown only beyond ``ttft_same_within`` (a fraction), the total beyond ``total_same_within``."""
+    short, long_ = min(r["max_tokens"] for r in rows), max(r["max_tokens"] for r in rows)
+
+    def med(n: int, key: str) -> float:
+        return median(r[key] for r in rows if r["max_tokens"] == n)
+
+    ttft = (med(short, "ttft_s"), med(long_, "ttft_s"))
+    total = (med(short, "e2e_s"), med(long_, "e2e_s"))
+    ttft_grew = ttft[1] > ttft[0] * (1 + ttft_same_within)
+    total_grew = total[1] > total[0] * (1 + total_same_within)
+    outcome = LENGTH_CHOICES[{(True, False): 0, (False, True): 1, (True, True): 2, (False, False): 3}[(ttft_grew, total_grew)]]
+    detail = (f"max_tokens {short} -> {long_}: TTFT {ttft[0] * 1000:,.0f} -> {ttft[1] * 1000:,.0f} ms, total "
+              f"{total[0]:.2f} -> {total[1]:.2f} s (medians of {len(rows) // 2} rounds). The prompt is the same, so the "
+              "prefill behind TTFT is too; each extra token is one more decode step.")
+    return outcome, detail

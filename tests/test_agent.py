@@ -16,3 +16,12 @@ def test_flat_prompt_is_not_shown():
 
 def test_one_call_is_not_enough():
     assert conclude_context_growth([300], [20]).verdict == NOT_SHOWN
+
+
+def test_the_tool_tax_outcome_goes_both_ways():
+    from helpers.agent import tool_tax_outcome
+
+    outcome, detail = tool_tax_outcome(20, 260, 4)
+    assert outcome == "more" and "+240 tokens (+60 per tool)" in detail
+    assert tool_tax_outcome(20, 20, 4)[0] == "about the same"
+    assert tool_tax_outcome(200, 20, 4)[0] == "fewer"

@@ -464,3 +464,34 @@ def test_engine_comparison_predicts_only_when_the_engine_flags_and_model_config_
     assert "not an engine the helpers started" in conclude_engine_comparison(external, "cpu").text
     assert "On a GPU" in conclude_engine_comparison(external, "gpu").text
     assert list(engine_comparison(models_dir() / "tiny-agent", args[:2], None).columns) == ["vLLM reports"]
+
+
+def _conv_row(kv_tokens, conversations, at_max_len, fits=True, **extra):
+    return {"kv_cache_tokens": kv_tokens, "conversations_of_8192_tokens": conversations, "requests_at_max_len": at_max_len,
+            "fits": fits, "max_model_len": 16384, **extra}
+
+
+def test_conversations_outcome_names_the_change_or_the_refusal():
+    from helpers.memory import CONVERSATION_CHOICES, conversations_outcome
+
+    before = _conv_row(65840, 8, 4)
+    assert conversations_outcome(before, _conv_row(131696, 16, 8), 8192)[0] == "about twice as many or more"
+    same, detail = conversations_outcome(before, _conv_row(65840, 8, 1), 8192)
+    assert same == "about the same" and "8 -> 8 conversations" in detail and "4 -> 1" in detail
+    assert conversations_outcome(before, _conv_row(40000, 4, 2), 8192)[0] == "fewer"
+    assert conversations_outcome(before, _conv_row(90000, 11, 5), 8192)[0] == "more, but less than twice"
+    refused, why = conversations_outcome(before, _conv_row(65840, 8, 0, fits=False, max_model_len=131072), 8192)
+    assert refused == CONVERSATION_CHOICES[0] and "does not fit: max_model_len 131,072" in why
+
+
+def test_larger_gpus_hold_more_is_judged_on_the_counts():
+    import pandas as pd
+
+    from helpers.memory import larger_gpus_hold_more
+
+    rows = pd.DataFrame({"gpu": ["A", "B", "C"], "memory_gib": [20.0, 80.0, 40.0], "weights_gib": [7.5] * 3,
+                         "fits": [True] * 3, "conversations_of_8192_tokens": [2, 30, 12]})
+    seen, detail = larger_gpus_hold_more(rows, 8192)
+    assert seen and detail.index("A (20.0 GiB): 2") < detail.index("C (40.0 GiB): 12") < detail.index("B (80.0 GiB): 30")
+    assert not larger_gpus_hold_more(rows.assign(conversations_of_8192_tokens=[2, 1, 12]), 8192)[0]
+    assert not larger_gpus_hold_more(rows.assign(weights_gib=[7.5, 3.0, 7.5]), 8192)[0]

@@ -71,3 +71,22 @@ def test_a_stall_flips_the_verdict_and_is_named():
 
 def test_too_few_tokens_is_not_shown():
     assert conclude_stream(make([(0.1, 1, "a")]))[0].verdict == NOT_SHOWN
+
+
+def _length_rows(ttft_short, ttft_long, total_short, total_long):
+    return [{"max_tokens": n, "round": r, "ttft_s": ttft, "e2e_s": total, "completion_tokens": n}
+            for r in (1, 2) for n, ttft, total in ((32, ttft_short, total_short), (64, ttft_long, total_long))]
+
+
+@pytest.mark.parametrize("times, outcome", [
+    ((0.02, 0.021, 0.5, 1.0), "only the total time grows"),
+    ((0.02, 0.05, 0.5, 1.0), "both grow"),
+    ((0.02, 0.05, 0.5, 0.52), "only TTFT grows"),
+    ((0.02, 0.02, 0.5, 0.5), "neither grows"),
+])
+def test_the_longer_answer_outcome_follows_the_medians_either_way(times, outcome):
+    from helpers.stream_timing import LENGTH_CHOICES, length_outcome
+
+    got, detail = length_outcome(_length_rows(*times))
+    assert got == outcome and got in LENGTH_CHOICES
+    assert "max_tokens 32 -> 64" in detail and "medians of 2 rounds" in detail
