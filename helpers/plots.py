@@ -32,7 +32,7 @@ def token_timeline(timing: StreamTiming, title: str = "One streamed request") ->
         bottom.axhline(timing.tpot_s * 1000, color="tab:orange", linestyle=":",
                        label=f"TPOT (mean) {timing.tpot_s * 1000:.1f} ms")
     if gaps:
-        bottom.legend(loc="upper right")
+        bottom.legend(loc="best")  # where the bars are not: a stall's tall bar is often at the right
     bottom.set_xlabel("output token number (a chunk is drawn at its last token)")
     bottom.set_ylabel("gap before the chunk (ms)")
     return fig
