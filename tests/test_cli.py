@@ -181,3 +181,31 @@ def test_heldout_refuses_an_output_path_it_could_not_write_before_connecting(cap
     monkeypatch.setattr(cli, "connect", lambda *a, **k: pytest.fail("connected despite a bad --json"))
     assert main(["heldout", "--json", str(tmp_path)]) == 2
     assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
+
+
+def test_up_says_it_is_starting_the_engine_before_the_wait(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from helpers.local_engine import LocalEngine
+
+    class Starting(LocalEngine):
+        pid, model = 4321, "tiny-agent"
+
+        def __init__(self):
+            self.printed_before_start = None
+
+        def is_ready(self):
+            return False
+
+        def start(self, config=None, timeout_s=None):
+            self.printed_before_start = capsys.readouterr().out
+
+        def log_path(self):
+            return Path("engine.log")
+
+    engine = Starting()
+    settings = SimpleNamespace(port=8999, model="tiny-agent", base_url="http://127.0.0.1:8999/v1")
+    monkeypatch.setattr(cli, "_engine_or_fail", lambda: (settings, engine))
+    assert main(["up"]) == 0
+    assert "starting the engine on port 8999 (tiny-agent)" in engine.printed_before_start
+    assert "engine ready after" in capsys.readouterr().out
