@@ -270,3 +270,10 @@ def test_eval_smoke_suite_runs_through_vllm_and_scores_every_category(lab, tmp_p
     assert json_rows["parses"].all()  # structured outputs: the answer is JSON whatever the model
     loaded = evals.load_run(run.save(tmp_path / "smoke.json"))
     assert evals.compare(loaded, run).regressed == []
+
+
+def test_start_here_shows_the_running_engine_without_restarting_it(lab, tmp_path):
+    pid = lab.engine.pid
+    run = _run_notebook(REPO_ROOT / "notebooks" / "start_here.ipynb", tmp_path)
+    assert f"The engine is ready: {lab.settings.base_url} serves {lab.model!r}" in _printed(run)
+    assert lab.engine.pid == pid
