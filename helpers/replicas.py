@@ -258,7 +258,8 @@ class ReplicaSet(Engine):
         """One row per replica: port, PID, ready, CPU slice, KV budget."""
         rows = []
         for i, (port, replica) in enumerate(zip(self.ports, self.replicas)):
-            config = replica.config()
+            last = replica._load().last_good  # what it last served, also while it is down
+            config = replica.config() if replica.pid or not last else EngineConfig.from_json(last)
             rows.append({"replica": i, "port": port, "pid": replica.pid, "ready": bool(replica.pid) and replica.is_ready(),
                          "cpus": dict(config.env).get(BIND_VARIABLE, "auto"),
                          "kv_bytes": flag_value(config.args, "--kv-cache-memory-bytes")})
@@ -269,10 +270,19 @@ class ReplicaSet(Engine):
         status.update(self.router.status())
         status["policy"] = self.router.load().policy or self.policy
         status["router_metrics"] = self.router.metrics_url()
-        status["replicas"] = [f"{r['replica']}: port {r['port']} pid {r['pid']} {'ready' if r['ready'] else 'NOT READY'} "
-                              f"cpus {r['cpus']} kv {r['kv_bytes']}" for r in self.replica_rows()]
+        status["replicas"] = "; ".join(f"{r['replica']}: port {r['port']} pid {r['pid']} "
+                                       f"{'ready' if r['ready'] else 'NOT READY'} cpus {r['cpus']} kv {r['kv_bytes']}"
+                                       for r in self.replica_rows())
         if cores_shared(self.n, usable_cores()):
             status["cpu_note"] = (f"{self.n} replicas on {len(usable_cores())} cores: replicas share cores, so they "
                                   "slow each other down")
         return status
 
+
+
+def replica_set_beside(settings: Settings, replicas: int = 2, policy: str | None = None, offset: int = 10,
+                       kv_bytes: int | None = None) -> ReplicaSet:
+    """A replica set whose router listens ``offset`` ports above the workshop's engine (which keeps running):
+    for a notebook that compares one engine with replicas. Start it with ``.start()``, stop it with ``.stop()``."""
+    port = settings.port + offset
+    return ReplicaSet(replace(settings, port=port, base_url=f"http://127.0.0.1:{port}/v1"), replicas, policy, kv_bytes)

@@ -68,3 +68,10 @@ def test_bad_sizes_and_policies_are_refused():
         ReplicaSet(settings, 2, "fastest")
     with pytest.raises(EngineError, match="external endpoint"):
         ReplicaSet(load_settings({"VLLM_HOST": "http://example:8000"}), 2)
+
+
+def test_a_set_beside_the_workshop_engine_uses_other_ports():
+    from helpers.replicas import replica_set_beside
+
+    rs = replica_set_beside(load_settings({"WORKSHOP_PORT": "8000"}), 2, "cache_aware")
+    assert rs.settings.base_url == "http://127.0.0.1:8010/v1" and rs.ports == [8011, 8012] and rs.policy == "cache_aware"
