@@ -11,6 +11,7 @@ from pathlib import Path
 
 from helpers import bench_cli, cli_args, planner_cli, provision_cli
 from helpers import eval_cli
+from helpers import scale_out_cli
 from helpers.engine import EngineError
 from helpers.local_engine import LocalEngine, describe_process, port_holder
 from helpers.machine import MachineError
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     planner_cli.register(sub)  # memory, gpus
     provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
     eval_cli.register(sub)  # eval
+    scale_out_cli.register(sub)  # routing (replicas behind the router)
     return parser
 
 

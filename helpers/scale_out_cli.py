@@ -1,0 +1,82 @@
+"""``workshop routing``: the routing-policy comparison and the replica-failure run from a terminal.
+
+Uses the replica set recorded on ``WORKSHOP_PORT`` (``workshop up --replicas N``), or starts one for the run
+and stops it after. Prints the per-policy and per-replica tables, TTFT per turn, the verdicts, the CPU caveat
+and the GPU estimate; ``--failure`` adds the failure run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from helpers.cli_args import number_type
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add ``workshop routing``."""
+    p = subparsers.add_parser("routing", help="compare the router's policies on a multi-turn agent workload "
+                              "(per-replica prefix-cache hits, TTFT per turn); --failure kills a replica mid-run",
+                              description=__doc__)
+    p.add_argument("--replicas", type=number_type(int, 2, 8), default=2, help="when no replica set runs yet")
+    p.add_argument("--policies", default="round_robin,consistent_hash,cache_aware", help="comma-separated")
+    p.add_argument("--repeats", type=number_type(int, 1), default=1, help="rounds, the policy order rotated each round")
+    p.add_argument("--conversations", type=number_type(int, 1), default=12)
+    p.add_argument("--turns", type=number_type(int, 1), default=4)
+    p.add_argument("--system-words", type=number_type(int, 1), default=200, help="~3 tokens each (tiny models)")
+    p.add_argument("--concurrency", type=number_type(int, 1), default=4, help="conversations at a time")
+    p.add_argument("--max-tokens", type=number_type(int, 1), default=16)
+    p.add_argument("--failure", action="store_true", help="also kill replica 1 mid-run and restart it")
+    p.set_defaults(func=run_routing)
+
+
+def run_routing(args: argparse.Namespace) -> int:
+    """Compare the policies (and, with --failure, kill a replica); print what was measured."""
+    import pandas as pd
+
+    from helpers import scale_out as so
+    from helpers.conclusion import report
+    from helpers.replicas import ReplicaSet, replica_set_for, usable_cores
+    from helpers.router import POLICIES
+    from helpers.settings import load_settings
+
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        print(f"error: unknown policies {unknown}: choose from {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    engine = replica_set_for(settings)
+    started = engine is None
+    if started:
+        engine = ReplicaSet(settings, args.replicas, policies[0])
+        print(f"starting {args.replicas} replicas and the router on port {settings.port} ...", flush=True)
+        engine.start()
+    workload = so.AgentWorkload(conversations=args.conversations, turns=args.turns, system_words=args.system_words,
+                                concurrency=args.concurrency, max_tokens=args.max_tokens)
+    pd.set_option("display.width", 200)
+    try:
+        comp = so.compare_policies(engine, policies, workload, repeats=args.repeats, progress=True)
+        summary = comp.summary()
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
+        print(comp.per_replica().to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
+        print("TTFT per turn (ms):")
+        print(comp.ttft_per_turn().to_string())
+        print(report(so.conclude_affinity(comp.samples("hit_rate")), so.conclude_later_turns(comp.samples("ttft_later_s")),
+                     so.cpu_caveat(engine.n, len(usable_cores())), so.gpu_expectation(engine.n)))
+        if args.failure:
+            run = so.replica_failure_run(engine, replica=min(1, engine.n - 1), progress=True,
+                                         workload=so.AgentWorkload(conversations=8, turns=4, system_words=args.system_words,
+                                                                   concurrency=args.concurrency, max_tokens=args.max_tokens))
+            print(run.table().to_string())
+            print(f"killed replica {run.killed_replica} (pid {run.killed_pid}) at {run.t_kill_s:.1f} s; restart "
+                  f"{run.restart_s or float('nan'):.1f} s; back in the rotation {run.rejoin_s or float('nan'):.1f} s later")
+            for key, value in run.router.items():
+                print(f"  router {key}: {value:g}")
+            failed_late = int((~run.after_detection()["ok"].astype(bool)).sum())
+            print(report(so.conclude_failure(run.counts, failed_late, run.rejoin_s is not None), so.SURVIVAL_RULE))
+    finally:
+        if started and not os.environ.get("WORKSHOP_KEEP_REPLICAS"):
+            engine.stop()
+    return 0
