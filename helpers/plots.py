@@ -318,3 +318,29 @@ def server_gauges(gauges: pd.DataFrame, title: str = "Server state during the ru
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.set_title(title)
     return fig
+
+
+def expected_length(table: pd.DataFrame) -> Figure:
+    """Tokens per verification step against the first guess's acceptance a: the formula (1 - a^(k+1)) / (1 - a)
+    as one curve per k, and each measured configuration as a point at its own a (``expected_length_table`` rows)."""
+    from helpers.acceptance import expected_accepted_length
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.2), constrained_layout=True)
+    a = [i / 100 for i in range(100)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, k in enumerate(sorted(set(table.k))):
+        color = colors[i % len(colors)]
+        ax.plot(a, [expected_accepted_length(x, int(k)) for x in a], color=color, label=f"formula, k={k}")
+        points = table[table.k == k]
+        ax.scatter(points.a_first_guess, points.measured_length, color=color, edgecolor="black", zorder=3,
+                   label=f"measured, k={k}")
+        for _, r in points.iterrows():
+            ax.annotate(str(r.config), (r.a_first_guess, r.measured_length), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=1)
+    ax.set_xlabel("a: share of first guesses accepted (fraction)")
+    ax.set_ylabel("tokens per verification step")
+    ax.set_title("Expected accepted length: formula against measurement")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig

@@ -68,3 +68,63 @@ def test_chosen_kernels_come_from_the_engine_log_once_each():
            "(EngineCore) INFO Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8\n")
     assert chosen_kernels(log) == ["ChannelWiseTorchFP8ScaledMMLinearKernel", "CPUInt8ScaledMMLinearKernel"]
     assert chosen_kernels("no such line") == []
+
+
+# ---------------------------------------------------------------- the checks and exercises of notebook 05
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.evals import Comparison  # noqa: E402
+from helpers.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.quantization import (eval_delta_outcome, fraction_outcome, growth_outcome, kv_check,  # noqa: E402
+                                  planned_kv_tokens, size_check, speed_conclusion)
+
+
+def test_size_check_goes_both_ways():
+    assert size_check([row("bf16", 1, size=10.0), row("w8a8", 1, size=5.7)])[0] is True
+    seen, detail = size_check([row("bf16", 1, size=10.0), row("odd", 1, size=11.0)])
+    assert seen is False and "1.10x" in detail
+    assert size_check([row("bf16", 1, size=10.0), {"config": "kv-cache fp8"}])[0] is None
+
+
+def test_kv_check_reads_the_doubling_or_says_why_not():
+    base = row("bf16 (baseline)", 1, kv=1000)
+    assert kv_check([base, row("kv-cache fp8", 1, kv=2000)], "kv-cache fp8", {})[0] is True
+    assert kv_check([base, row("kv-cache fp8", 1, kv=1000)], "kv-cache fp8", {})[0] is False
+    seen, detail = kv_check([base], "kv-cache fp8", {"kv-cache fp8": "This step needs AVX-512 or AMX"})
+    assert seen is None and "AVX-512" in detail
+
+
+def test_speed_conclusion_verdicts():
+    rows = [row("bf16", 1000), row("w8a8", 1500)]
+    assert speed_conclusion(rows, [1000, 990], SPEED).verdict == SHOWN
+    assert speed_conclusion([row("bf16", 1000), row("w8a8", 500)], [1000, 990], SPEED).verdict == NOT_SHOWN
+    assert speed_conclusion([row("bf16", 1000), row("w8a8", 1010)], [1000, 950], SPEED).verdict == WITHIN_NOISE
+    assert speed_conclusion([row("bf16", 1000)], [1000, 990], SPEED).verdict == WITHIN_NOISE
+
+
+def _comparison(diff, p):
+    table = pd.DataFrame([{"category": "all", "rate_a": 0.8, "rate_b": 0.8 + diff, "diff": diff, "p_value": p,
+                           "pass_to_fail": 5 if diff < 0 else 0, "fail_to_pass": 5 if diff > 0 else 0,
+                           "regression": diff < 0 and p < 0.05}]).set_index("category")
+    return Comparison(table, pd.DataFrame(), True)
+
+
+@pytest.mark.parametrize("diff, p, outcome", [(-0.3, 0.01, "lower"), (0.2, 0.01, "higher"), (-0.05, 0.5, "about the same"),
+                                              (0.0, 1.0, "about the same")])
+def test_the_eval_delta_counts_only_changes_beyond_noise(diff, p, outcome):
+    assert eval_delta_outcome(_comparison(diff, p))[0] == outcome
+
+
+def test_exercise_outcomes_cover_their_choices():
+    assert [fraction_outcome(r) for r in (0.2, 0.4, 0.9)] == ["under 1/3", "1/3 to 2/3", "over 2/3"]
+    assert [growth_outcome(r) for r in (1.05, 1.5, 2.5)] == ["about the same (under 1.1x)", "1.1x to 2x", "over 2x"]
+
+
+def test_smaller_weights_leave_more_kv_tokens_on_a_gpu():
+    config = REFERENCE_CONFIGS / "Qwen3-4B.json"
+    assert planned_kv_tokens(config, "L4", "fp8") > planned_kv_tokens(config, "L4", "bf16")
+    with pytest.raises(ValueError, match="leaves no KV memory"):
+        planned_kv_tokens(REFERENCE_CONFIGS / "Llama-3.3-70B.json", "L4", "bf16")

@@ -146,3 +146,26 @@ def test_a_speculative_step_cheaper_than_a_plain_one_reads_as_a_busy_machine_not
     assert trend.verdict == WITHIN_NOISE and "no trend" in trend.text
     honest = speedups(runs([100], [80], spec_tpot=12.5, acceptance=0.0, length=1.0)).iloc[0].to_dict()
     assert honest["consistent"] and method_conclusion(honest, expect="worse").verdict == SHOWN
+
+
+# ---------------------------------------------------------------- prompt lookup by hand, the method map
+
+from helpers.speculative import copied_text_lookup, lookup_outcome, method_map, prompt_lookup_length  # noqa: E402
+
+
+def test_prompt_lookup_copies_what_it_has_seen():
+    text = [1, 2, 3, 4, 5, 9]
+    assert prompt_lookup_length(text + [1, 2, 3, 4, 5], 6, 3) == pytest.approx(5 / 3)
+    assert prompt_lookup_length(text + [7, 8, 10, 11], 6, 3) == 1.0  # nothing seen before: one token per step
+    long_copy, _ = copied_text_lookup("tiny-agent", "What's it like outside in Douala today, and tomorrow?", 8, 3)
+    short_copy, _ = copied_text_lookup("tiny-agent", "What's it like outside in Douala today, and tomorrow?", 1, 3)
+    assert 1 < short_copy < long_copy <= 4
+    assert [lookup_outcome(x, 3) for x in (1.0, 2.5, 3.9)] == ["about 1", "between 1 and k+1", "about k+1"]
+
+
+def test_the_method_map_says_what_runs_here():
+    table = method_map("tiny-agent", measured=["ngram", "draft_model"]).set_index("--speculative-config method")
+    assert set(table.index) >= {"ngram", "suffix", "draft_model", "eagle / eagle3", "mtp", "medusa"}
+    assert table.loc["ngram", "this machine"] == "yes" and table.loc["draft_model", "this notebook"] == "measured"
+    assert table.loc["medusa", "this machine"].startswith("no: needs") and table.loc["mtp", "this notebook"] == "-"
+    assert method_map("tiny-agent", [], profile="k8s")["this machine"].str.startswith("not probed").all()
