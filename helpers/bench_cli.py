@@ -208,7 +208,8 @@ def run_bench(args: argparse.Namespace) -> int:
     summaries = [bench_results.summarize(r, slos=slos) for r in results]
     _print_table(summaries)
     if replica_set is not None:
-        print(f"per replica (router policy {replica_set.router.load().policy}), whole sweep:")
+        print(f"per replica (router policy {replica_set.router.load().policy}), whole sweep; the server-side columns "
+              "above are one replica's (the router forwards /metrics to one worker):")
         print(per_replica_report(replica_set, replicas_before).to_string(index=False))
     for s in summaries:
         warning = bench_results.client_lag_warning(s)

@@ -14,6 +14,7 @@ from helpers import eval_cli
 from helpers import scale_out_cli
 from helpers.engine import EngineError
 from helpers.local_engine import LocalEngine, describe_process, port_holder
+from helpers.replicas import ReplicaSet
 from helpers.machine import MachineError
 from helpers.session import EndpointError, check_endpoint, connect, make_engine
 from helpers.settings import SettingsError, load_settings
@@ -29,7 +30,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if getattr(args, "replicas", None) is not None or getattr(args, "router", None) is not None:
         return _up_replicas(args)
     settings, engine = _engine_or_fail()
-    if hasattr(engine, "ensure_router"):  # a replica set is recorded on this port: keep it
+    if isinstance(engine, ReplicaSet):  # a replica set is recorded on this port: keep it
         return _up_replicas(args)
     if not isinstance(engine, LocalEngine):
         served = check_endpoint(settings, settings.model)
@@ -49,8 +50,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _up_replicas(args: argparse.Namespace) -> int:
     """``workshop up --replicas N [--router POLICY]``: N local engines behind vllm-router on the workshop's port."""
-    from helpers.replicas import ReplicaSet
-
     settings = load_settings()
     engine = ReplicaSet(settings, getattr(args, "replicas", None), getattr(args, "router", None))
     start = time.monotonic()
@@ -66,7 +65,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the engine: the local server with every process it started, or the cluster Deployment (scaled to 0)."""
     settings, engine = _engine_or_fail()
-    if hasattr(engine, "ensure_router"):  # a replica set: the router, then every replica
+    if isinstance(engine, ReplicaSet):  # a replica set: the router, then every replica
         stopped = engine.stop()
         print("stopped " + ", ".join(f"{name} (pid {pid})" if pid else f"{name} (was not running)"
                                      for name, pid in stopped.items()))

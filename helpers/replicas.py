@@ -28,7 +28,7 @@ from typing import Any
 
 from helpers.engine import Engine, EngineConfig, EngineError, EngineStartError, default_config
 from helpers.local_engine import LocalEngine
-from helpers.router import POLICIES, RouterError, RouterProcess
+from helpers.router import POLICIES, RouterError, RouterProcess, router_binary
 from helpers.settings import Settings, state_dir
 from helpers.vllm_args import flag_value, with_flag
 
@@ -161,6 +161,7 @@ class ReplicaSet(Engine):
     # ---- start, stop
     def start(self, config: EngineConfig | None = None, timeout_s: float | None = None) -> None:
         """Start every replica (in parallel; those already serving are kept) and the router in front."""
+        router_binary()  # a missing router says how to install it before any engine starts
         single = LocalEngine(self.settings)
         if single.pid:
             raise EngineError(f"A single engine (pid {single.pid}) serves on port {self.settings.port}, where the router "

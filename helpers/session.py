@@ -15,6 +15,7 @@ import openai
 
 from helpers.engine import Engine, ExternalEngine, list_models
 from helpers.local_engine import LocalEngine
+from helpers.replicas import ReplicaSet, replica_set_for
 from helpers.settings import Settings, load_settings
 
 CONNECT_TIMEOUT_S = 5.0
@@ -91,9 +92,7 @@ def make_engine(settings: Settings) -> Engine:
 
         return KubernetesEngine(settings)
     if settings.managed:
-        from helpers.replicas import replica_set_for  # replicas behind the router (workshop up --replicas N)
-
-        return replica_set_for(settings) or LocalEngine(settings)
+        return replica_set_for(settings) or LocalEngine(settings)  # replicas behind the router: workshop up --replicas N
     return ExternalEngine(settings)
 
 
@@ -105,7 +104,7 @@ def connect(settings: Settings | None = None, start: bool = True) -> Lab:
     format_tables()
     settings = settings or load_settings()
     engine = make_engine(settings)
-    if start and (isinstance(engine, LocalEngine) or hasattr(engine, "ensure_router")):  # a local engine or replica set
+    if start and isinstance(engine, (LocalEngine, ReplicaSet)):
         engine.start()
     check_endpoint(settings, engine.model)
     return Lab(settings, engine, make_client(settings))

@@ -75,3 +75,14 @@ def test_a_set_beside_the_workshop_engine_uses_other_ports():
 
     rs = replica_set_beside(load_settings({"WORKSHOP_PORT": "8000"}), 2, "cache_aware")
     assert rs.settings.base_url == "http://127.0.0.1:8010/v1" and rs.ports == [8011, 8012] and rs.policy == "cache_aware"
+
+
+def test_a_missing_router_is_reported_before_any_engine_starts(monkeypatch, tmp_path):
+    from helpers import router
+
+    monkeypatch.setattr(router.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rs = ReplicaSet(load_settings({"WORKSHOP_PORT": "8850"}), 2)
+    with pytest.raises(RouterError, match="pip install vllm-router"):
+        rs.start()
+    assert rs.replicas[0].pid is None and read_record(8850) is None
