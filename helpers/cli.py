@@ -112,9 +112,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
     names = report.copied + report.refreshed + report.kept + report.current
     first = workspace.START_HERE if workspace.START_HERE in names else min(names, default=None)
     own_settings = any(a.startswith("--LabApp.app_settings_dir") for a in args.jupyter_args)
+    own_layouts = any(a.startswith("--LabApp.workspaces_dir") for a in args.jupyter_args)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={report.workspace}",
            *([f"--LabApp.default_url=/lab/tree/{first}"] if first else []),
            *([] if own_settings else [f"--LabApp.app_settings_dir={workspace.JUPYTERLAB_SETTINGS}"]),
+           *([] if own_layouts else [f"--LabApp.workspaces_dir={workspace.seed_lab_layout(report.workspace)}"]),
            *args.jupyter_args]
     if os.geteuid() == 0 and "--allow-root" not in cmd:  # containers often run as root; JupyterLab refuses it otherwise
         cmd.append("--allow-root")

@@ -26,7 +26,7 @@ DEFAULT_WORKSPACE = REPO_ROOT / "my-notebooks"
 RECORD = ".workshop-copies.json"
 START_HERE = "start_here.ipynb"  # the lab's first screen: the path through the workshop and the engine's status
 # JupyterLab's default settings for the lab (its documented overrides.json): the file browser without its
-# "last modified" column, so the notebooks' full names fit in the left panel
+# "last modified" column, so the notebooks' full names fit in the left panel; no news pop-up (the lab is offline)
 JUPYTERLAB_SETTINGS = Path(__file__).resolve().parent / "data" / "jupyterlab"
 
 
@@ -55,6 +55,25 @@ class SyncReport:
             out.append(f"kept your {name}; a newer version exists: `workshop notebooks --reset {name}` "
                        "takes it (yours is saved beside it)")
         return out
+
+
+LAB_LAYOUTS = ".jupyterlab-workspaces"  # JupyterLab's saved layouts for this workspace (hidden in its file browser)
+FILE_BROWSER_SHARE = 0.27  # of the window's width: the file browser, wide enough for the notebooks' full names
+
+
+def seed_lab_layout(workspace: Path) -> Path:
+    """The folder of JupyterLab's layouts for the lab on ``workspace``, with a first layout when there is none: the
+    file browser open and wide enough for full names. JupyterLab saves the learner's own layout over it later."""
+    from jupyterlab_server.workspaces_handler import WORKSPACE_EXTENSION, slugify  # installed with JupyterLab
+
+    folder = Path(workspace) / LAB_LAYOUTS
+    path = folder / (slugify("default") + WORKSPACE_EXTENSION)
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        left = {"collapsed": False, "visible": True, "current": "filebrowser", "widgets": ["filebrowser"]}
+        layout = {"left": left, "relativeSizes": [FILE_BROWSER_SHARE, 1 - FILE_BROWSER_SHARE, 0]}
+        path.write_text(json.dumps({"data": {"layout-restorer:data": layout}, "metadata": {"id": "default"}}, indent=1))
+    return folder
 
 
 def workspace_dir(path: Path | str | None = None) -> Path:

@@ -138,6 +138,10 @@ def test_lab_opens_jupyterlab_on_the_copies_at_start_here_and_the_committed_ones
     settings = next(a.split("=", 1)[1] for a in cmd if a.startswith("--LabApp.app_settings_dir="))
     overrides = json.loads((Path(settings) / "overrides.json").read_text())
     assert overrides["@jupyterlab/filebrowser-extension:browser"]["showLastModifiedColumn"] is False
+    layouts = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("--LabApp.workspaces_dir=")))
+    assert layouts.parent == ws, "the lab's layouts live in the learner's workspace, not in the repository"
+    first = json.loads(next(layouts.glob("*.jupyterlab-workspace")).read_text())["data"]["layout-restorer:data"]
+    assert first["left"]["current"] == "filebrowser" and first["relativeSizes"][0] == workspace.FILE_BROWSER_SHARE
     assert str(NOTEBOOK_DIR) not in " ".join(cmd)
     _run_in_lab(ws / "01_connect_and_first_agent.ipynb")
     assert {p.name: p.read_bytes() for p in NOTEBOOK_DIR.glob("*.ipynb")} == before
@@ -163,9 +167,19 @@ def test_start_here_is_copied_first_and_can_be_reset_by_name(tmp_path):
     assert (ws / workspace.START_HERE).read_bytes() == (src / workspace.START_HERE).read_bytes()
 
 
-def test_lab_keeps_the_learners_own_settings_dir(tmp_path, monkeypatch):
+def test_lab_keeps_the_learners_own_settings_and_layouts_dirs(tmp_path, monkeypatch):
     started = {}
     monkeypatch.setattr(cli, "cmd_up", lambda args: 0)
     monkeypatch.setattr(cli.os, "execv", lambda exe, cmd: started.update(cmd=cmd))
     assert cli.main(["lab", "--dir", str(tmp_path / "work"), "--LabApp.app_settings_dir=/mine"]) == 0
     assert [a for a in started["cmd"] if "app_settings_dir" in a] == ["--LabApp.app_settings_dir=/mine"]
+    assert cli.main(["lab", "--dir", str(tmp_path / "work"), "--LabApp.workspaces_dir=/layouts"]) == 0
+    assert [a for a in started["cmd"] if "workspaces_dir" in a] == ["--LabApp.workspaces_dir=/layouts"]
+
+
+def test_the_first_layout_is_written_once_and_the_learners_kept(tmp_path):
+    folder = workspace.seed_lab_layout(tmp_path)
+    saved = next(folder.glob("*.jupyterlab-workspace"))
+    saved.write_text('{"data": {}, "metadata": {"id": "default"}}')  # what JupyterLab saves of the learner's layout
+    assert workspace.seed_lab_layout(tmp_path) == folder
+    assert saved.read_text() == '{"data": {}, "metadata": {"id": "default"}}'
