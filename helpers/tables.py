@@ -49,8 +49,8 @@ def format_value(value: Any, decimals: int = 2) -> str:
 def formatted(frame: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``frame`` with every cell and index label as ``format_value`` text."""
     out = frame.map(format_value)
-    out.index = [format_value(v) if not isinstance(v, tuple) else v for v in frame.index]
-    out.index.name = frame.index.name
+    if not isinstance(frame.index, pd.MultiIndex):  # a MultiIndex keeps its levels as they are
+        out.index = pd.Index([format_value(v) for v in frame.index], name=frame.index.name)
     return out
 
 
