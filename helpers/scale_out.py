@@ -394,24 +394,38 @@ class FailureRun:
         return frame.pivot_table(index="phase", columns="outcome", values="turn", aggfunc="count", fill_value=0)
 
 
-def replica_failure_run(engine: Any, replica: int = 1, workload: AgentWorkload | None = None,
+def busiest_replica(before: list[Any], now: list[Any]) -> int:
+    """The replica with the most requests running now, then the most finished since ``before`` (snapshots)."""
+    def load(i: int) -> tuple[float, float]:
+        if now[i] is None:
+            return (-1.0, -1.0)
+        done = (now[i].counter("request_success") or 0.0) - ((before[i].counter("request_success") or 0.0) if before[i] else 0.0)
+        return (now[i].gauge("num_requests_running") or 0.0, done)
+
+    return max(range(len(now)), key=load)
+
+
+def replica_failure_run(engine: Any, replica: int | None = None, workload: AgentWorkload | None = None,
                         kill_after_completed: int = 4, detect_s: float = 6.0, restart: bool = True,
                         rejoin_timeout_s: float = 60.0, policy: str | None = AFFINITY,
                         seed: int | None = None, progress: bool | None = None) -> FailureRun:
     """Run ``workload`` through the router (restarted on ``policy``; None keeps it); after ``kill_after_completed``
-    answers, SIGKILL replica ``replica``; then (``restart``) start it again and wait until the router sends it
-    a request."""
+    answers, SIGKILL replica ``replica`` (None: the busiest then, so the kill hits sessions in flight); then
+    (``restart``) start it again and wait until the router sends it a request."""
     workload = workload or AgentWorkload(conversations=8, turns=4, concurrency=4)
     salt = secrets.randbits(24) if seed is None else seed
     if policy is not None:
         engine.set_policy(policy)
     router_before = engine.router.read_figures()
-    state: dict[str, Any] = {"done": 0, "t_kill": None, "pid": None}
+    counters_before = replica_snapshots(engine.metrics_urls())
+    state: dict[str, Any] = {"done": 0, "t_kill": None, "pid": None, "replica": replica}
 
     def on_row(row: dict[str, Any]) -> None:
         state["done"] += 1 if row["ok"] else 0
         if state["t_kill"] is None and state["done"] >= kill_after_completed:
-            state["pid"] = engine.kill_replica(replica)
+            if state["replica"] is None:
+                state["replica"] = busiest_replica(counters_before, replica_snapshots(engine.metrics_urls()))
+            state["pid"] = engine.kill_replica(state["replica"])
             state["t_kill"] = time.perf_counter()
 
     from helpers.progress import bar
@@ -419,10 +433,11 @@ def replica_failure_run(engine: Any, replica: int = 1, workload: AgentWorkload |
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with bar(3 if restart else 1, "replica failure", "step", progress) as shown:
-        shown.set_postfix_str(f"load, replica {replica} killed after {kill_after_completed} answers")
+        shown.set_postfix_str(f"load; a replica is killed after {kill_after_completed} answers")
         run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
                                              engine.settings.auth_headers(), rows, on_row))
         shown.update(1)
+        replica = state["replica"] if state["replica"] is not None else 0
         frame = requests_frame(rows, t0)
         router = figure_deltas(router_before, engine.router.read_figures())
         restart_s = rejoin_s = None

@@ -27,7 +27,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--system-words", type=number_type(int, 1), default=200, help="~3 tokens each (tiny models)")
     p.add_argument("--concurrency", type=number_type(int, 1), default=4, help="conversations at a time")
     p.add_argument("--max-tokens", type=number_type(int, 1), default=16)
-    p.add_argument("--failure", action="store_true", help="also kill replica 1 mid-run and restart it")
+    p.add_argument("--failure", action="store_true", help="also kill the busiest replica mid-run and restart it")
     p.set_defaults(func=run_routing)
 
 
@@ -66,7 +66,7 @@ def run_routing(args: argparse.Namespace) -> int:
         print(report(so.conclude_affinity(comp.samples("hit_rate")), so.conclude_later_turns(comp.samples("ttft_later_s")),
                      so.cpu_caveat(engine.n, len(usable_cores())), so.gpu_expectation(engine.n)))
         if args.failure:
-            run = so.replica_failure_run(engine, replica=min(1, engine.n - 1), progress=True,
+            run = so.replica_failure_run(engine, progress=True,
                                          workload=so.AgentWorkload(conversations=8, turns=4, system_words=args.system_words,
                                                                    concurrency=args.concurrency, max_tokens=args.max_tokens))
             print(run.table().to_string())

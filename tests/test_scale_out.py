@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.scale_out import (AgentWorkload, FailureRun, PolicyComparison, account, conclude_affinity,
+from helpers.scale_out import (AgentWorkload, FailureRun, PolicyComparison, account, busiest_replica, conclude_affinity,
                                conclude_failure, conclude_later_turns, cpu_caveat, gpu_expectation, replica_rows,
                                requests_frame, session_id, system_prompt, total_hit_rate, user_turn)
 from helpers.server_metrics import parse_metrics
@@ -122,3 +122,15 @@ def test_comparison_tables():
 def test_caveat_and_estimate_are_labelled():
     assert "share" in cpu_caveat(2, 2) and "cannot grow" in cpu_caveat(2, 2)
     assert gpu_expectation(2).startswith("Estimate, not measured")
+
+
+def test_the_busiest_replica_is_the_one_with_most_running_then_most_finished():
+    idle = parse_metrics(METRICS)
+    running = METRICS.replace('vllm:num_requests_running{engine="0",model_name="tiny-agent"} 8.0',
+                              'vllm:num_requests_running{engine="0",model_name="tiny-agent"} 9.0')
+    assert 'num_requests_running{engine="0",model_name="tiny-agent"} 9.0' in running
+    assert busiest_replica([idle, idle], [idle, parse_metrics(running)]) == 1
+    more_done = METRICS.replace("vllm:request_success_total{engine=\"0\",finished_reason=\"stop\",model_name=\"tiny-agent\"} 12.0",
+                                "vllm:request_success_total{engine=\"0\",finished_reason=\"stop\",model_name=\"tiny-agent\"} 22.0")
+    assert more_done != METRICS and busiest_replica([idle, idle], [parse_metrics(more_done), idle]) == 0
+    assert busiest_replica([idle, idle], [None, idle]) == 1
