@@ -24,7 +24,7 @@ import secrets
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pandas as pd
@@ -34,6 +34,9 @@ from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesso
 from helpers.loadgen import run_sync
 from helpers.router import SESSION_HEADER, figure_deltas
 from helpers.server_metrics import MetricsError, scrape, window
+
+if TYPE_CHECKING:
+    from helpers.replicas import ReplicaSet
 
 WORDS = ("plan tool call read file write test check result error retry search answer user agent step note "
          "list open close send fetch parse value table row column index cache block token model query reply "
@@ -272,7 +275,7 @@ class PolicyComparison:
         return {p: list(g[column]) for p, g in self.runs.groupby("policy", sort=False)}
 
 
-def measure_policy(engine: Any, policy: str, workload: AgentWorkload, salt: int) -> dict[str, Any]:
+def measure_policy(engine: "ReplicaSet", policy: str, workload: AgentWorkload, salt: int) -> dict[str, Any]:
     """One run: the router on ``policy`` (replicas kept), the workload with fresh content, the counters around it."""
     engine.set_policy(policy)
     urls = engine.metrics_urls()
@@ -293,7 +296,7 @@ def measure_policy(engine: Any, policy: str, workload: AgentWorkload, salt: int)
             "router": figure_deltas(router_before, engine.router.read_figures())}
 
 
-def compare_policies(engine: Any, policies: tuple[str, ...] = POLICY_ORDER, workload: AgentWorkload | None = None,
+def compare_policies(engine: "ReplicaSet", policies: tuple[str, ...] = POLICY_ORDER, workload: AgentWorkload | None = None,
                      repeats: int = 1, seed: int | None = None, progress: bool | None = None) -> PolicyComparison:
     """Each policy ``repeats`` times, the order rotated each round (A B C, B C A ...), fresh content every run."""
     from helpers.progress import steps
@@ -405,7 +408,7 @@ def busiest_replica(before: list[Any], now: list[Any]) -> int:
     return max(range(len(now)), key=load)
 
 
-def replica_failure_run(engine: Any, replica: int | None = None, workload: AgentWorkload | None = None,
+def replica_failure_run(engine: "ReplicaSet", replica: int | None = None, workload: AgentWorkload | None = None,
                         kill_after_completed: int = 4, detect_s: float = 6.0, restart: bool = True,
                         rejoin_timeout_s: float = 60.0, policy: str | None = AFFINITY,
                         seed: int | None = None, progress: bool | None = None) -> FailureRun:
@@ -452,7 +455,7 @@ def replica_failure_run(engine: Any, replica: int | None = None, workload: Agent
     return FailureRun(frame, replica, state["pid"], t_kill, detect_s, restart_s, rejoin_s, router, engine.router.load().policy or "")
 
 
-def _wait_rejoin(engine: Any, replica: int, timeout_s: float, salt: int) -> float | None:
+def _wait_rejoin(engine: "ReplicaSet", replica: int, timeout_s: float, salt: int) -> float | None:
     """Seconds until a request through the router is served by ``replica`` (its request counter grows)."""
     import httpx
 
@@ -500,7 +503,7 @@ def mean_or_none(values: list[float]) -> float | None:
     return statistics.fmean(clean) if clean else None
 
 
-def per_replica_report(engine: Any, before: list[Any]) -> pd.DataFrame:
+def per_replica_report(engine: "ReplicaSet", before: list[Any]) -> pd.DataFrame:
     """Since ``before`` (``replica_snapshots(engine.metrics_urls())``): per replica its port, requests finished,
     tokens generated, prefix-cache hit rate and router health (``workshop bench`` through a replica set)."""
     rows = replica_rows(before, replica_snapshots(engine.metrics_urls()))
