@@ -118,8 +118,11 @@ def reuse_curves(model: PrefixModel, peak_flops: float, mfu: float, tiers: Seque
     """Seconds per prefix length: recompute, and load from each tier (long form: tokens, way, seconds)."""
     rows = [{"tokens": n, "way": "recompute (prefill)", "seconds": recompute_s(model, n, peak_flops, mfu)}
             for n in token_counts]
-    rows += [{"tokens": n, "way": f"load from {t.name}", "seconds": load_s(model, n, t.bandwidth_gb_s)}
-             for t in tiers for n in token_counts]
+    by_bandwidth: dict[float, list[str]] = {}
+    for t in tiers:  # tiers of one bandwidth draw one line: name them together
+        by_bandwidth.setdefault(round(t.bandwidth_gb_s, 6), []).append(t.name)
+    rows += [{"tokens": n, "way": "load from " + " = ".join(names), "seconds": load_s(model, n, bandwidth)}
+             for bandwidth, names in by_bandwidth.items() for n in token_counts]
     return pd.DataFrame(rows)
 
 
@@ -268,3 +271,8 @@ def served_kv_bytes_per_token(model_dir: str | os.PathLike[str], kv_dtype: str =
     if not (Path(model_dir) / "config.json").is_file():
         return None
     return kv_cache_bytes(model_dir, kv_dtype).bytes_per_token
+
+
+def describe_tiers(tiers: Sequence[Tier]) -> str:
+    """One line per tier: its name, bandwidth (GB/s, one direction) and the full source."""
+    return "\n".join(f"- {t.name}: {t.bandwidth_gb_s:,.1f} GB/s. Source: {t.source}" for t in tiers)

@@ -137,10 +137,11 @@ def pareto_user_vs_total(table: pd.DataFrame, x: str | None = None,
 
 
 def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during the run",
-                      kv_full_scale: bool = True) -> Figure:
+                      kv_full_scale: bool = True, legend_outside: bool = False) -> Figure:
     """KV-cache usage (fraction, left) and running / waiting requests (right) against time in s.
 
-    ``kv_full_scale=False`` zooms the KV axis onto the data (one request in a large cache uses ~1%)."""
+    ``kv_full_scale=False`` zooms the KV axis onto the data (one request in a large cache uses ~1%);
+    ``legend_outside=True`` puts the legend right of the plot (a zoomed KV line runs along its top)."""
     t = gauges["t_s"] if "t_s" in gauges else gauges["t"] - gauges["t"].iloc[0]
     fig, ax = plt.subplots(figsize=(8, 3.5), constrained_layout=True)
     ax.plot(t, gauges["kv_cache_usage"], color="tab:purple", label="KV cache used (fraction)")
@@ -157,7 +158,10 @@ def server_timeseries(gauges: pd.DataFrame, title: str = "Server state during th
     right.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
+    if legend_outside:
+        ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", bbox_to_anchor=(1.12, 1))
+    else:
+        ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
     ax.set_title(title)
     return fig
 

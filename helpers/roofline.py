@@ -218,6 +218,7 @@ def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype:
         ax.annotate(p.label, (p.flop_per_byte, p.flops_per_s / 1e12), textcoords="offset points", xytext=(4, 4))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel(f"TFLOP/s ({compute_label or compute_dtype.upper()})")
+    ax.set_ylim(top=peak / 1e12 * 3)  # room above the roof for the labels of compute-bound points
     ax.set_title(f"Roofline: {gpu.name}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # outside: the points sit low right
     return fig

@@ -57,7 +57,9 @@ def test_tier_and_gpu_tables():
     gpus = kv_reuse.gpu_verdicts(LLAMA, GPUS, 0.5, 4096)
     assert len(gpus) == len(GPUS) and (gpus["load_from_HBM_ms"] < gpus["load_from_host_ms"]).all()
     curves = kv_reuse.reuse_curves(LLAMA, A100.peak_flops(), 0.5, kv_reuse.DGX_A100_TIERS, [16, 256])
-    assert len(curves) == 2 * (1 + len(kv_reuse.DGX_A100_TIERS))
+    # PCIe and the NVMe link ceiling share 31.5 GB/s: one line, both names
+    assert len(curves) == 2 * len(kv_reuse.DGX_A100_TIERS)
+    assert "load from host DRAM over PCIe Gen4 x16 = local NVMe (4 drives, RAID 0)" in set(curves["way"])
 
 
 def test_tier_conclusion_both_ways():
@@ -81,3 +83,9 @@ def test_machine_reads_are_measured_and_judged_both_ways(tmp_path):
     assert math.isfinite(kv_reuse.measure_ram_read_s(1 << 16, repeats=1))
     with pytest.raises(ValueError, match="positive"):
         kv_reuse.measure_file_read_s(0)
+
+
+def test_describe_tiers_keeps_every_source_whole():
+    text = kv_reuse.describe_tiers(kv_reuse.DGX_A100_TIERS)
+    assert text.count("\n") == len(kv_reuse.DGX_A100_TIERS) - 1
+    assert all(t.source in text for t in kv_reuse.DGX_A100_TIERS) and "2,039.0 GB/s" in text
