@@ -233,10 +233,10 @@ def plot_tiny_decode(runs: pd.DataFrame, title: str = "Tiny dense vs tiny MoE on
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
-    for name, part in runs.groupby("model"):
-        ax.scatter(part["batch"], part["decode_tok_s"], s=12, alpha=0.5)
+    for i, (name, part) in enumerate(runs.groupby("model")):
+        ax.scatter(part["batch"], part["decode_tok_s"], s=12, alpha=0.5, color=f"C{i}")
         mean = part.groupby("batch")["decode_tok_s"].mean()
-        ax.plot(mean.index, mean.values, marker="o", label=f"{name} (mean of runs)")
+        ax.plot(mean.index, mean.values, marker="o", color=f"C{i}", label=f"{name} (mean of runs)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent streams (batch)")
     ax.set_ylabel("output tokens/s (server step time)")
