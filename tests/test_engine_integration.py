@@ -145,9 +145,20 @@ def _printed(run) -> str:
 def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
     run = _run_notebook(REPO_ROOT / "notebooks" / "03_prefill_decode_kv_cache.ipynb", tmp_path,
                        parameters={"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "NAIVE_NEW_TOKENS": 32,
-                                   "LONG_OUTPUT_TOKENS": 300, "AGENT_TURNS": 3, "STALL_STREAMS": 2})
+                                   "LONG_OUTPUT_TOKENS": 300, "AGENT_TURNS": 3, "STALL_STREAMS": 2,
+                                   "SHARED_PREFIX_TOKENS": 512})
     text = _printed(run)
     assert "same 32 tokens from both loops: True" in text
+    assert re.search(r"What you should see: attention by hand equals the model's, and no token looks ahead\n  ✔", text)
+    # break the cache: the warm request hits, the one with an early token changed hits less (the server's counter)
+    cold, warm, changed = (int(n.replace(",", "")) for n in re.search(
+        r"cached prompt tokens: cold ([\d,]+), warm ([\d,]+), with one token changed ([\d,]+)", text).groups())
+    assert cold == 0 and warm > 0 and changed < warm
+    assert re.search(r"\[shown\] loading a cached prefix beats recomputing it from every tier: DGX A100", text)
+    assert re.search(r"\[(shown|not shown)\] on this machine reading a prefix's KV beats recomputing it: at [\d,]+ "
+                     r"prompt tokens", text)
+    assert text.count("You made no prediction") == 3  # every exercise ran and checked its outcome
+    assert re.search(r"This run: (none|part of it|all of it)\. [\d,]+ cached prompt tokens", text)
     blocks, measured = map(int, re.search(r"-> (\d+) blocks of .* = (\d+) blocks;", text, re.S).groups())
     # The gauge is sampled (every 0.1 s, by a client that shares a core with the server): it may miss the
     # last blocks' few steps, but it can never exceed what the request holds.
@@ -191,6 +202,9 @@ def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):
     run = _run_notebook(REPO_ROOT / "notebooks" / "04_dense_vs_moe.ipynb", tmp_path,
                        parameters={"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2})
     text = _printed(run)
+    assert text.count("You made no prediction") == 3  # every exercise ran and checked its outcome
+    assert "This run: stays about the same." in text  # the MoE/dense ceiling ratio is a ratio of bytes
+    assert re.search(r"What you should see: Qwen3-4B's batch-1 decode is memory-bound on RTX 4000 Ada\n  ✔", text)
     for batch in (1, 4):  # every batch judged against the repeats' spread, whichever way it went
         assert re.search(rf"\[(shown|not shown|within noise)\] the tiny MoE decodes no faster than the dense model: "
                          rf"batch {batch}: tiny-moe [\d,]+ tok/s vs tiny-agent [\d,]+ tok/s \([\d.]+x \(noise", text)
