@@ -20,7 +20,7 @@ import yaml
 
 from helpers import provision as pv
 from helpers.notebooks import REPO_ROOT, workshop_notebooks
-from helpers.workspace import lesson_files
+from helpers.workspace import START_HERE, lesson_files
 from helpers.provision_cli import main as provision_main
 
 IMAGES = REPO_ROOT / "images" / "notebook"
@@ -79,9 +79,9 @@ def test_each_target_installs_only_through_the_install_script_as_jovyan():
     kubectl = " ".join(all_stages["notebook"])
     assert re.search(r"ARG KUBECTL_VERSION=v\d+\.\d+\.\d+\b", kubectl) and "sha256sum --check" in kubectl
     notebook_cmd = json.loads(next(s for s in all_stages["notebook"] if s.startswith("CMD "))[4:])
-    first = workshop_notebooks()[0].name
+    first = START_HERE  # the lab's first screen, copied into the workspace by the start hook
     assert notebook_cmd[0] == "start-notebook.py" and "--ServerApp.root_dir=/home/jovyan/work" in notebook_cmd
-    assert f"--LabApp.default_url=/lab/tree/{first}" in notebook_cmd
+    assert f"--LabApp.default_url=/lab/tree/{first}" in notebook_cmd and (REPO_ROOT / "notebooks" / first).is_file()
     lab_cmd = json.loads(next(s for s in all_stages["lab-cpu"] if s.startswith("CMD "))[4:])
     assert lab_cmd[:2] == ["workshop", "lab"]
     for step in all_stages["base"]:  # everything the image copies exists in the repository
