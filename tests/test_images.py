@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from helpers import provision as pv
-from helpers.notebooks import REPO_ROOT, workshop_notebooks
+from helpers.notebooks import REPO_ROOT
 from helpers.workspace import START_HERE, lesson_files
 from helpers.provision_cli import main as provision_main
 
