@@ -27,7 +27,7 @@ PORT = int(os.environ.get("WORKSHOP_TEST_PORT", "8765"))
 # Small enough for CI, and sized so the direction is far beyond noise: with one conversation at a time,
 # round robin sends turn 2 of every conversation to the other replica (a miss of the whole system prompt),
 # consistent_hash sends it to the replica that holds it.
-WORKLOAD = AgentWorkload(conversations=4, turns=3, system_words=300, turn_words=20, max_tokens=4, concurrency=1)
+WORKLOAD = AgentWorkload(conversations=4, turns=3, system_words=200, turn_words=10, max_tokens=4, concurrency=1)
 
 
 def _cli(*argv: str) -> tuple[int, str]:
@@ -90,15 +90,17 @@ def test_session_affinity_gives_more_prefix_cache_hits_than_round_robin(replica_
     assert set(per_replica["replica"]) == {0, 1} and per_replica["prefix_queries"].gt(0).all()
 
 
-def test_a_killed_replica_loses_no_request_silently_and_comes_back(replica_set):
-    workload = AgentWorkload(conversations=4, turns=3, system_words=100, turn_words=20, max_tokens=4, concurrency=2)
-    run = replica_failure_run(replica_set, workload=workload, kill_after_completed=2)  # the busiest replica
+def test_a_killed_replica_loses_no_request_silently(replica_set):
+    # No restart here (it would double this test's time): `workshop routing --failure` measures the restart and
+    # the return to the router's rotation.
+    workload = AgentWorkload(conversations=4, turns=3, system_words=100, turn_words=10, max_tokens=4, concurrency=2)
+    run = replica_failure_run(replica_set, workload=workload, kill_after_completed=2, restart=False)  # the busiest
     counts = run.counts
     assert run.killed_pid is not None and run.t_kill_s is not None
     assert counts["lost"] == 0 and counts["sent"] == counts["completed"] + counts["failed"], counts
-    assert counts["sent"] >= counts["completed"] > 2  # the run went on after the kill
-    assert run.restart_s is not None and run.rejoin_s is not None  # back in the router's rotation
+    assert counts["completed"] > 2  # the run went on after the kill, on the other replica
     assert set(run.table().columns) <= {"completed", "failed"}  # every phase: answered or a visible error
+    assert not replica_set.replica_rows()[run.killed_replica]["ready"]
 
 
 def test_down_leaves_no_process_and_frees_every_port(replica_set):
