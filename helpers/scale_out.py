@@ -513,3 +513,41 @@ def per_replica_report(engine: "ReplicaSet", before: list[Any]) -> pd.DataFrame:
         row["router_health"] = figures.get(f"vllm_router_worker_health{{worker={url}}}")
     return pd.DataFrame(rows)[["replica", "port", "requests", "generation_tokens", "prefix_queries", "hit_rate",
                                "router_health"]]
+
+
+# ---------------------------------------------------------------- what the CPU split costs
+
+def split_cost_runs(engine: "ReplicaSet", single_base_url: str, workload: AgentWorkload | None = None,
+                    repeats: int = 2, seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:
+    """The same workload (fresh content each run) through one engine alone (``single_base_url``) and through the
+    replica set's router, interleaved A/B/A/B: one row per run with output tok/s, requests/s, mean TTFT and
+    end-to-end latency (ms) and failures."""
+    from helpers.progress import steps
+
+    workload = workload or AgentWorkload(conversations=8, turns=3, concurrency=4)
+    base = secrets.randbits(24) if seed is None else seed
+    sides = {"one engine": single_base_url, f"{engine.n} replicas + router": engine.settings.base_url}
+    order = [(r, name) for r in range(max(1, repeats)) for name in sides]
+    out = []
+    for n, (r, name) in enumerate(steps(order, "one engine vs replicas", "run", progress,
+                                        label=lambda step: f"{step[1]}, round {step[0] + 1}")):
+        t0 = time.perf_counter()
+        rows = run_sync(lambda: arun_agent_workload(sides[name], engine.model, workload, base * 100 + n,
+                                                    engine.settings.auth_headers()))
+        duration = time.perf_counter() - t0
+        frame = requests_frame(rows, t0)
+        ok = frame[frame["ok"].astype(bool)]
+        out.append({"round": r, "setup": name, "throughput_tok_s": ok["completion_tokens"].fillna(0).sum() / duration,
+                    "requests_per_s": len(ok) / duration, "ttft_ms": 1000 * ok["ttft_s"].mean(),
+                    "e2e_ms": 1000 * ok["e2e_s"].mean(), "failed": len(frame) - len(ok)})
+    return pd.DataFrame(out)
+
+
+def conclude_split_cost(runs: pd.DataFrame) -> Conclusion:
+    """Throughput of the replicas against one engine on the same cores (``split_cost_runs``), against the spread."""
+    sides = list(dict.fromkeys(runs["setup"]))
+    single, replicas = runs[runs["setup"] == sides[0]], runs[runs["setup"] == sides[-1]]
+    verdict = compare_samples(list(single["throughput_tok_s"]), list(replicas["throughput_tok_s"]))
+    return Conclusion(f"{sides[-1]}: {verdict.mean_b:.1f} output tok/s vs {verdict.mean_a:.1f} for {sides[0]} on the "
+                      f"same cores ({verdict.describe()}): splitting the cores adds no compute, and each replica "
+                      "brings its own API server to feed", "", "")

@@ -28,6 +28,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--concurrency", type=number_type(int, 1), default=4, help="conversations at a time")
     p.add_argument("--max-tokens", type=number_type(int, 1), default=16)
     p.add_argument("--failure", action="store_true", help="also kill the busiest replica mid-run and restart it")
+    p.add_argument("--split-cost", action="store_true", help="also compare with one engine alone on the same cores "
+                   "(started on the port after the router's metrics, stopped after), interleaved, --repeats rounds")
     p.set_defaults(func=run_routing)
 
 
@@ -76,7 +78,33 @@ def run_routing(args: argparse.Namespace) -> int:
                 print(f"  router {key}: {value:g}")
             failed_late = int((~run.after_detection()["ok"].astype(bool)).sum())
             print(report(so.conclude_failure(run.counts, failed_late, run.rejoin_s is not None), so.SURVIVAL_RULE))
+        if args.split_cost:
+            _split_cost(engine, settings, workload, args.repeats)
     finally:
         if started and not os.environ.get("WORKSHOP_KEEP_REPLICAS"):
             engine.stop()
     return 0
+
+
+def _split_cost(engine, settings, workload, repeats: int) -> None:
+    """One engine alone (vLLM's own CPU binding, the replicas' KV budget) beside the replica set, interleaved."""
+    from dataclasses import replace
+
+    from helpers import scale_out as so
+    from helpers.engine import default_config
+    from helpers.local_engine import LocalEngine
+    from helpers.replicas import replica_settings, router_metrics_port
+    from helpers.vllm_args import with_flag
+
+    single = LocalEngine(replica_settings(settings, router_metrics_port(settings.port, engine.n) + 1))
+    config = default_config(settings)
+    if engine.kv_bytes:
+        config = replace(config, args=with_flag(config.args, "--kv-cache-memory-bytes", engine.kv_bytes))
+    print(f"starting one engine alone on port {single.settings.port} ...", flush=True)
+    single.start(config)
+    try:
+        runs = so.split_cost_runs(engine, single.settings.base_url, workload, repeats=max(2, repeats), progress=True)
+        print(runs.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
+        print(so.conclude_split_cost(runs))
+    finally:
+        single.stop()

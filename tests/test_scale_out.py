@@ -134,3 +134,12 @@ def test_the_busiest_replica_is_the_one_with_most_running_then_most_finished():
                                 "vllm:request_success_total{engine=\"0\",finished_reason=\"stop\",model_name=\"tiny-agent\"} 22.0")
     assert more_done != METRICS and busiest_replica([idle, idle], [parse_metrics(more_done), idle]) == 0
     assert busiest_replica([idle, idle], [None, idle]) == 1
+
+
+def test_split_cost_conclusion_names_both_sides_and_the_ratio():
+    from helpers.scale_out import conclude_split_cost
+
+    runs = pd.DataFrame([{"setup": "one engine", "throughput_tok_s": v} for v in (20.0, 22.0)]
+                        + [{"setup": "2 replicas + router", "throughput_tok_s": v} for v in (15.0, 16.0)])
+    text = conclude_split_cost(runs).text
+    assert "2 replicas + router: 15.5" in text and "21.0 for one engine" in text and "0.74x" in text
