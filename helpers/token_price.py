@@ -12,8 +12,8 @@ Two sources for the (TPOT, tokens/s) points:
 - a GPU of helpers/gpus.py: the roofline (helpers/roofline.py) of a decode step at batch B on N GPUs with
   tensor parallelism, taken as ideal (N times the bandwidth and the FLOP/s). Each step also prefills the
   batch's share of prompts (``input_len / output_len`` prompt tokens per output token, as chunked prefill
-  mixes them in), and the KV cache of a whole request (input + output tokens) must fit next to the
-  weights. These are ceilings: the prices are floors a real engine does not reach.
+  mixes them in; attention's own FLOPs are left out), and the KV cache of a whole request (input + output
+  tokens) must fit next to the weights. These are ceilings: the prices are floors a real engine does not reach.
 """
 
 from __future__ import annotations

@@ -196,6 +196,13 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     assert re.search(r"- \[(shown|not shown|within noise)\] Goodput under TTFT <=", text)
     assert "The load generator's own loop lag at 32 users" in text and "CPU vs GPU:" in text
     assert flag_value(lab.engine.args(), "--max-num-seqs") is None
+    # every numbered section checks what it said you would see; the price of a token, measured and from the roofline
+    assert text.count("What you should see: ") >= 6
+    assert re.search(r"- \[(shown|not shown|within noise)\] Price of a token on this machine \(measured sweeps\): ", text)
+    assert re.search(r"- Llama-3.3-70B bf16 on H100 SXM \(1,024 tokens in, 1,024 out\): .* at least 2 GPUs", text)
+    assert re.search(r"- \[(shown|not shown|within noise)\] Llama-3.3-70B bf16 on H100 SXM \(roofline\): ", text)
+    assert "this machine: 0.067 USD/h (a comparable VM's list price: Google Cloud" in text
+    assert text.count("You made no prediction") == 3 and text.count("This run: ") == 3  # the three exercises ran
 
 
 def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):
@@ -270,6 +277,10 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     assert str(REPO_ROOT / "models") not in text
     assert re.search(r"^- \[(shown|not shown|within noise)\] Final: ", text, re.M)
     assert flag_value(lab.engine.args(), "--kv-cache-dtype") is None and flag_value(lab.engine.args(), "--max-num-seqs") is None
+    # the manifest exercise on the local engine: the change went through the engine, the cluster's patch is shown
+    assert "through the engine interface (engine.set_flag)" in text and "kubectl diff -k my-change/" in text
+    assert "What you should see: the patch changes exactly one flag (--kv-cache-memory-bytes)\n  ✔" in text
+    assert text.count("What you should see: ") >= 4 and text.count("You made no prediction") == 2
 
 
 def test_eval_smoke_suite_runs_through_vllm_and_scores_every_category(lab, tmp_path):
