@@ -123,7 +123,7 @@ def score_counts(context_lengths: list[int]) -> pd.DataFrame:
     return table
 
 
-def time_score_work(head_dim: int, prompt_tokens: int, new_tokens: int, repeats: int = 3, seed: int = 0) -> pd.DataFrame:
+def time_score_work(head_dim: int, prompt_tokens: int, new_tokens: int, repeats: int = 5, seed: int = 0) -> pd.DataFrame:
     """Seconds to compute a generation's scores on one head (random q/k of ``head_dim``), without a cache (each
     step the full causal q k^T) and with one (each step one row against the stored keys); best of ``repeats``,
     the two interleaved. One row per way, with the scores counted."""
@@ -144,11 +144,16 @@ def time_score_work(head_dim: int, prompt_tokens: int, new_tokens: int, repeats:
             q[n - 1:n] @ k[:n].T
 
     best = {"without": float("inf"), "with KV cache": float("inf")}
-    for _ in range(max(1, repeats)):
-        for name, work in (("without", without), ("with KV cache", with_cache)):
-            start = time.perf_counter()
-            work()
-            best[name] = min(best[name], time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # products this small gain nothing from threads, and threads waiting on a busy core add noise
+    try:
+        for _ in range(max(1, repeats)):
+            for name, work in (("without", without), ("with KV cache", with_cache)):
+                start = time.perf_counter()
+                work()
+                best[name] = min(best[name], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return pd.DataFrame([{"cache": name, "scores": scores_for_generation(prompt_tokens, new_tokens, name != "without"),
                           "seconds": seconds} for name, seconds in best.items()])
 
@@ -203,3 +208,19 @@ def plot_score_matrix(matrix: ScoreMatrix, title: str | None = None) -> "object"
     ax.set_title(title or f"Attention weights, layer {matrix.layer}, head {matrix.head} (blank: masked, the future)")
     fig.colorbar(image, ax=ax, label="softmax weight (each row sums to 1)")
     return fig
+
+
+GROWTH_CHOICES = ("about 2x", "about 4x", "about 8x")
+
+
+def growth_outcome(before: pd.DataFrame, after: pd.DataFrame) -> tuple[str, str]:
+    """Exercise: how much longer the uncached score work took (``time_score_work`` before and after a change),
+    as one of ``GROWTH_CHOICES``, and the sentence with the time and the count ratios."""
+    b, a = before.set_index("cache").loc["without"], after.set_index("cache").loc["without"]
+    growth, counted = a["seconds"] / b["seconds"], a["scores"] / b["scores"]
+    outcome = GROWTH_CHOICES[0] if growth < 3 else GROWTH_CHOICES[1] if growth < 6 else GROWTH_CHOICES[2]
+    detail = f"the time grew {growth:.1f}x for {counted:.1f}x the scores (each step's triangle grows with N²)"
+    if not counted / 2 <= growth <= counted * 2:
+        detail += ("; the time moved far from the count, so fixed overheads or a busy machine weighed on one of the "
+                   "two timings: run the cell again")
+    return outcome, detail + "."

@@ -69,3 +69,15 @@ def test_conclusion_flags_a_matrix_that_looks_ahead():
     leaky = attention.ScoreMatrix(weights, ["a", "b", "c"], 0, 0)
     assert leaky.masked_weight > 0
     assert attention.conclude_score_matrix(leaky, weights).verdict == NOT_SHOWN
+
+
+def test_growth_outcome_follows_the_time_and_flags_a_time_far_from_the_count():
+    def timed(seconds, scores):
+        return pd.DataFrame([{"cache": "without", "scores": scores, "seconds": seconds},
+                             {"cache": "with KV cache", "scores": 1, "seconds": 1.0}])
+
+    outcome, detail = attention.growth_outcome(timed(1.0, 100), timed(3.8, 370))
+    assert outcome == "about 4x" and "3.8x for 3.7x" in detail and "busy" not in detail
+    assert attention.growth_outcome(timed(1.0, 100), timed(1.5, 370))[0] == "about 2x"
+    outcome, detail = attention.growth_outcome(timed(1.0, 100), timed(44.0, 370))
+    assert outcome == "about 8x" and "run the cell again" in detail
