@@ -204,6 +204,7 @@ class QuantizationStudy:
 
         if self.lab.model != self.baseline:
             self.lab.engine.switch_model(self.baseline)
+        self.baseline_config = self.lab.engine.config()  # what every step goes back to
         started = time.monotonic()
         row, self.baseline_run = self.measure("bf16 (baseline)", self.baseline)
         self.baseline_measure_s, self.baseline_rate_tok_s = time.monotonic() - started, decode_rate_tok_s(self.lab)
@@ -240,24 +241,31 @@ class QuantizationStudy:
             self.lab.engine.apply(self.baseline_config)
 
     def measure_flags(self, flags: Sequence[tuple[str, str | None, str]]) -> None:
-        """Each (flag, value, name) on the baseline model, then the flag removed again; a value None is left out."""
-        from helpers.engine import EngineStartError
+        """Each (flag, value, name) on the baseline model, one after the other (one restart each: the next
+        flag replaces the last), then the baseline restored, whatever happens; a value None is left out."""
+        from dataclasses import replace
 
-        for flag, value, name in flags:
-            if value is None:
-                continue
-            if self.skip(name, skip_reason(self.profile, kv_cache_dtype=value if flag == "--kv-cache-dtype" else None)):
-                continue
-            try:
-                self.lab.engine.set_flag(flag, value)
-            except EngineStartError as err:  # vLLM refused it here: the engine is back on the baseline
-                self.skip(name, f"vLLM refused it here: {str(err).splitlines()[0]}")
-                continue
-            try:
+        from helpers.engine import EngineStartError
+        from helpers.vllm_args import with_flag
+
+        base = self.baseline_config
+        try:
+            for flag, value, name in flags:
+                if value is None:
+                    continue
+                if self.skip(name, skip_reason(self.profile,
+                                               kv_cache_dtype=value if flag == "--kv-cache-dtype" else None)):
+                    continue
+                try:
+                    self.lab.engine.apply(replace(base, args=with_flag(base.args, flag, value)))
+                except EngineStartError as err:  # vLLM refused it here: the engine is back on the last good one
+                    self.skip(name, f"vLLM refused it here: {str(err).splitlines()[0]}")
+                    continue
                 if not self.too_slow(name):
                     self._judge(name, self.measure(name, self.baseline)[1])
-            finally:
-                self.lab.engine.set_flag(flag, None)
+        finally:
+            if self.lab.engine.config() != base:
+                self.lab.engine.apply(base)
 
     def measure_baseline_again(self) -> None:
         """The baseline once more (after the variants): its spread against the first run is the noise."""
