@@ -237,6 +237,10 @@ def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
     # an AMX machine through torch's generic FP8 path), probed and reported as too slow to measure
     assert re.search(r"- online fp8_per_channel: (.* eval \d+\.\d% \(95% CI|skipped\. Served, but it decodes "
                      r"[\d.]+ tokens/s against the baseline's \d+ \(\d+x slower\))", text)
+    # the lesson's scaffolding ran on this run's numbers: six checks, the map, three exercises (no prediction in CI)
+    assert re.search(r"What you should see: every quantized checkpoint is smaller on disk than BF16\n  ✔", text)
+    assert text.count("What you should see:") == 6 and text.count("You made no prediction") == 3
+    assert re.search(r"Map: \d+ schemes; this run measured [1-9]\d* of them", text)
     assert lab.model == "tiny-agent" and flag_value(lab.engine.args(), "--kv-cache-dtype") is None
 
 
@@ -255,6 +259,9 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
     for lo, hi, sentence in re.findall(r"tiny-draft k=3: ([\d.]+)x at concurrency 1 -> ([\d.]+)x at 4: (.*)", text):
         assert ("shrinks" in sentence) == (float(hi) < float(lo) and "about the same" not in sentence)
     assert re.search(r"Number of guesses: k=1 [\d.]+x .*, k=3 [\d.]+x", text) and "CPU vs GPU:" in text
+    # the formula (1 - a^(k+1)) / (1 - a) is checked against the counters at k = 3; five checks, two exercises
+    assert re.search(r"formula [\d.]+ vs measured [\d.]+ tokens per step", text)
+    assert text.count("What you should see:") == 5 and text.count("You made no prediction") == 2
     assert flag_value(lab.engine.args(), "--speculative-config") is None
 
 
