@@ -14,7 +14,7 @@ import pytest
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 # Modules that compute or draw from numbers they are given: they never start, reach or measure an engine.
 PURE = ("comparison", "conclusion", "cost", "gpus", "memory", "roofline", "plots", "vllm_args", "quant_formats",
-        "chat_format", "generation_loop", "cli_args")
+        "chat_format", "generation_loop", "cli_args", "acceptance", "lesson", "kv_reuse", "token_price")
 ENGINE_OR_NETWORK = {"helpers.engine", "helpers.local_engine", "helpers.k8s_engine", "helpers.session",
                      "helpers.loadgen", "helpers.server_metrics", "httpx", "openai", "aiohttp", "requests", "urllib3"}
 
