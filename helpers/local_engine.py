@@ -226,6 +226,26 @@ class _PortLock:
         return fd
 
 
+def launch_detached(cmd: list[str], env: dict[str, str], log_path: Path, what: str) -> tuple[str, int]:
+    """Start ``cmd`` through the launcher, so it is no child of this process (it outlives a notebook kernel),
+    its output appended to ``log_path`` after a header naming ``what``; returns (the pid as the launcher
+    reported it, "" when it failed; the log's offset where this start begins)."""
+    with log_path.open("ab") as log:
+        offset = log.tell()
+        log.write(f"\n=== starting {time.strftime('%Y-%m-%d %H:%M:%S')}: {what}\n".encode())
+        log.flush()
+        read_end, write_end = os.pipe()
+        try:
+            launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(write_end), *cmd], stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                        pass_fds=(write_end,))
+            os.close(write_end)
+            launcher.wait(timeout=60)
+            return os.read(read_end, 32).decode(), offset
+        finally:
+            os.close(read_end)
+
+
 _LOCKS: dict[Path, _PortLock] = {}
 _LOCKS_GUARD = threading.Lock()
 
@@ -446,21 +466,8 @@ class LocalEngine(Engine):
         env.update(dict(config.env))
         env.update(engine_environment(os.environ.get(FORCE_ISA_VARIABLE), env))  # run as another CPU kind would
         env[STATE_MARK], env[CONFIG_MARK] = str(self._state_path), json.dumps(config.to_json())
-        with self.log_path().open("ab") as log:
-            offset = log.tell()
-            log.write(f"\n=== starting {time.strftime('%Y-%m-%d %H:%M:%S')}: {config.served_name} "
-                      f"{' '.join(config.args)}\n".encode())
-            log.flush()
-            read_end, write_end = os.pipe()
-            try:
-                launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(write_end), *cmd], stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                            pass_fds=(write_end,))
-                os.close(write_end)
-                launcher.wait(timeout=60)
-                text = os.read(read_end, 32).decode()
-            finally:
-                os.close(read_end)
+        text, offset = launch_detached(cmd, env, self.log_path(),
+                                       f"{config.served_name} {' '.join(config.args)}")
         if not text.isdigit():
             raise EngineStartError("The engine's launcher could not start vLLM.", self._recent_log_excerpt(offset))
         proc = psutil.Process(int(text))

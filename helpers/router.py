@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 
 from helpers.engine import EngineError, EngineStartError, log_excerpt
-from helpers.local_engine import (LAUNCHER, STATE_MARK, _process, describe_process, end_processes, port_holder,
+from helpers.local_engine import (STATE_MARK, _process, describe_process, end_processes, launch_detached, port_holder,
                                   session_members)
 from helpers.settings import state_dir
 
@@ -197,21 +196,7 @@ class RouterProcess:
                                   f"another port: export WORKSHOP_PORT=...")
         env = dict(os.environ)
         env[STATE_MARK] = str(self.state_path)
-        with self.log_path().open("ab") as log:
-            offset = log.tell()
-            log.write(f"\n=== starting {time.strftime('%Y-%m-%d %H:%M:%S')}: {policy} -> {' '.join(worker_urls)}\n"
-                      .encode())
-            log.flush()
-            read_end, write_end = os.pipe()
-            try:
-                launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(write_end), *cmd], stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                            pass_fds=(write_end,))
-                os.close(write_end)
-                launcher.wait(timeout=60)
-                text = os.read(read_end, 32).decode()
-            finally:
-                os.close(read_end)
+        text, offset = launch_detached(cmd, env, self.log_path(), f"{policy} -> {' '.join(worker_urls)}")
         if not text.isdigit():
             raise EngineStartError("The router's launcher could not start vllm-router.", log_excerpt(self._log_since(offset)))
         import psutil
