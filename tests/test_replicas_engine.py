@@ -106,8 +106,11 @@ def test_a_killed_replica_loses_no_request_silently(replica_set):
 def test_down_leaves_no_process_and_frees_every_port(replica_set):
     state_dir = os.environ["WORKSHOP_STATE_DIR"]
     assert _ours(state_dir), "the replica set should be running before down"
+    ready = [row["ready"] for row in replica_set.replica_rows()]  # the replica killed above stays down
     code, out = _cli("down")
-    assert code == 0 and "router (pid" in out and "replica 1 (pid" in out
+    assert code == 0 and "router (pid" in out and any(ready)
+    for i, up in enumerate(ready):
+        assert (f"replica {i} (pid" if up else f"replica {i} (was not running)") in out, out
     assert _ours(state_dir) == []
     assert not any(port_holder(p)[0] for p in (PORT, PORT + 1, PORT + 2, PORT + 3))
     assert replica_set_for(load_settings()) is None  # a later `workshop up` starts a single engine
