@@ -248,6 +248,38 @@ def _scalar_lines(values: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _replica_metrics_urls() -> dict[str, str]:
+    """Each replica's /metrics, named "replica i (port p)", when the endpoint is a replica set; else {}."""
+    from helpers.replicas import replica_set_for
+
+    replica_set = replica_set_for(load_settings())
+    if replica_set is None:
+        return {}
+    return {f"replica {i} (port {port})": url
+            for i, (port, url) in enumerate(zip(replica_set.ports, replica_set.metrics_urls()))}
+
+
+def _print_replica_metrics(urls: dict[str, str], args: argparse.Namespace) -> int:
+    """Every replica's /metrics, one section each (the router forwards /metrics to one replica only); a replica
+    that cannot be read is named with the reason, the others are still shown. Exit 2 when none could be read."""
+    values: dict[str, Any] = {}
+    for name, url in urls.items():
+        try:
+            values[name] = server_metrics.normalized(server_metrics.scrape(url, model=args.model))
+        except server_metrics.MetricsError as err:
+            values[name] = {"error": str(err)}
+    if args.json:
+        print(json.dumps(values, indent=1))
+    else:
+        for name, one in values.items():
+            if "error" in one:
+                print(f"--- {name}: cannot read its /metrics: {one['error']}")
+            else:
+                print(f"--- {name}")
+                print("\n".join(_scalar_lines(one)) or "no vLLM metrics found")
+    return 2 if all("error" in one for one in values.values()) else 0
+
+
 def run_metrics(args: argparse.Namespace) -> int:
     """Print the endpoint's (or a file's) /metrics, normalized; absent metrics are null / left out."""
     try:
@@ -260,6 +292,8 @@ def run_metrics(args: argparse.Namespace) -> int:
             except (OSError, UnicodeDecodeError) as err:
                 return _error(f"cannot read {path} as text ({type(err).__name__}): give a saved /metrics text")
             snap = server_metrics.parse_metrics(text, args.model)
+        elif args.url is None and (replicas := _replica_metrics_urls()):
+            return _print_replica_metrics(replicas, args)
         else:
             url = args.url or load_settings().metrics_url
             snap = server_metrics.scrape(url, model=args.model)

@@ -114,6 +114,31 @@ def figure_deltas(before: dict[str, float], after: dict[str, float], contains: S
     return out
 
 
+def _labels(key: str) -> dict[str, str]:
+    """The labels of a figure's key, ``name{a=1,b=2}`` -> {"a": "1", "b": "2"}."""
+    inside = key.partition("{")[2].rstrip("}")
+    return dict(part.split("=", 1) for part in inside.split(",") if "=" in part)
+
+
+def describe_failover(deltas: dict[str, float], worker_urls: Sequence[str]) -> str:
+    """What the router did while a worker failed, from ``figure_deltas``: retries, requests that ran out of
+    retries, failed attempts and circuit-breaker openings per replica (named by its index in ``worker_urls``)."""
+    def total(name: str, **labels: str) -> int:
+        return int(sum(v for k, v in deltas.items() if k.split("{")[0] == name
+                       and all(_labels(k).get(a) == b for a, b in labels.items())))
+
+    parts = [f"retried {total('vllm_router_retries_total')} time(s)",
+             f"{total('vllm_router_retries_exhausted_total')} request(s) ran out of retries"]
+    for i, url in enumerate(worker_urls):
+        failed = total("vllm_router_cb_outcomes_total", outcome="failure", worker=url)
+        opened = total("vllm_router_cb_state_transitions_total", to="open", worker=url)
+        if failed or opened:
+            parts.append(f"replica {i}: {failed} failed attempt(s), circuit breaker opened {opened} time(s)")
+    if not deltas:
+        return "The router exposed no figures for this run."
+    return "The router " + "; ".join(parts) + "."
+
+
 # ---------------------------------------------------------------- the process
 
 @dataclass

@@ -32,7 +32,7 @@ import pandas as pd
 from helpers.comparison import compare_samples
 from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 from helpers.loadgen import run_sync
-from helpers.router import SESSION_HEADER, figure_deltas
+from helpers.router import SESSION_HEADER, describe_failover, figure_deltas
 from helpers.server_metrics import MetricsError, scrape, window
 
 if TYPE_CHECKING:
@@ -551,3 +551,119 @@ def conclude_split_cost(runs: pd.DataFrame) -> Conclusion:
     return Conclusion(f"{sides[-1]}: {verdict.mean_b:.1f} output tok/s vs {verdict.mean_a:.1f} for {sides[0]} on the "
                       f"same cores ({verdict.describe()}): splitting the cores adds no compute, and each replica "
                       "brings its own API server to feed", "", "")
+
+
+# ---------------------------------------------------------------- notebook 07's scale-out sections
+
+@dataclass
+class ScaleOutRun:
+    """The routing comparison and the failure run of notebook 07, or the sentence that says why they did not run."""
+
+    comparison: PolicyComparison | None = None
+    failure: FailureRun | None = None
+    skipped: str = ""
+    n_replicas: int = 0
+    cores: int = 0
+    worker_urls: list[str] = field(default_factory=list)  # the replicas, as the router knows them
+
+    def summary(self) -> pd.DataFrame:
+        """Per policy: hit rate (mean, min, max over repeats), TTFT turn 1 and later turns (ms), throughput."""
+        return self.comparison.summary() if self.comparison is not None else pd.DataFrame()
+
+    def affinity(self) -> Conclusion:
+        """Session affinity against round robin on the replicas' prefix-cache hit rate."""
+        if self.comparison is None:
+            return Conclusion(self.skipped, WITHIN_NOISE, "session affinity keeps more of each conversation in cache")
+        return conclude_affinity(self.comparison.samples("hit_rate"))
+
+    def later_turns(self) -> Conclusion:
+        """TTFT of turns 2+ with session affinity against round robin."""
+        if self.comparison is None:
+            return Conclusion(self.skipped, WITHIN_NOISE, "later turns start sooner with session affinity")
+        return conclude_later_turns(self.comparison.samples("ttft_later_s"))
+
+    def caveats(self) -> list[str]:
+        """Why throughput cannot grow with replicas on this CPU, and the GPU expectation (an estimate)."""
+        if self.comparison is None:
+            return []
+        return [cpu_caveat(self.n_replicas, self.cores), gpu_expectation(self.n_replicas)]
+
+    def survival(self) -> Conclusion:
+        """``SURVIVAL_RULE`` applied to the failure run."""
+        run = self.failure
+        if run is None:
+            return Conclusion(self.skipped or "no failure run", WITHIN_NOISE, "the service survives one replica's death")
+        failed_late = int((~run.after_detection()["ok"].astype(bool)).sum())
+        return conclude_failure(run.counts, failed_late, None if run.restart_s is None else run.rejoin_s is not None)
+
+    def failure_story(self) -> str:
+        """When the replica was killed, how long its restart and its return to the rotation took, what the router counted."""
+        run = self.failure
+        if run is None:
+            return self.skipped or "No failure run."
+        if run.t_kill_s is None:
+            return (f"No replica was killed: the run ended before {run.requests['ok'].sum()} answers reached the "
+                    "kill threshold (raise the workload's conversations).")
+        lines = [f"Killed replica {run.killed_replica} (SIGKILL) {run.t_kill_s:.1f} s into the run, router policy "
+                 f"{run.policy}; detection window {run.detect_s:g} s."]
+        if run.restart_s is not None:
+            rejoin = (f"the router sent it a request again {run.rejoin_s:.1f} s later" if run.rejoin_s is not None
+                      else "the router did not send it a request again within the wait")
+            lines.append(f"Restarted in {run.restart_s:.1f} s (until it served again); {rejoin}.")
+        lines.append(describe_failover(run.router, self.worker_urls))
+        return "\n".join(lines)
+
+    def failure_table(self) -> pd.DataFrame:
+        """The failure run's requests by phase (before the kill, detection window, after) and outcome."""
+        return self.failure.table() if self.failure is not None else pd.DataFrame()
+
+    def conclusions(self) -> list[Conclusion | str]:
+        """Everything the two sections concluded, for the notebook's summary."""
+        if self.comparison is None:
+            return [Conclusion(f"Replicas behind a router: not run here. {self.skipped}")]
+        return [*self.policy_lines(), self.affinity(), self.later_turns(), *map(Conclusion, self.caveats()),
+                self.survival()]
+
+    def policy_lines(self) -> list[Conclusion]:
+        """One plain line per policy: hit rate (range over repeats), TTFT of turn 1 and later turns, throughput."""
+        lines = []
+        for row in self.summary().itertuples():
+            spread = f" (runs {row.hit_rate_min:.1%}-{row.hit_rate_max:.1%})" if row.repeats > 1 else ""
+            lines.append(Conclusion(f"{row.policy} over {self.n_replicas} replicas: prefix-cache hit rate "
+                                    f"{row.hit_rate:.1%}{spread}, TTFT turn 1 {row.ttft_turn1_ms:,.0f} ms, later turns "
+                                    f"{row.ttft_later_ms:,.0f} ms, {row.throughput_tok_s:,.1f} output tok/s, "
+                                    f"{row.failed} failed"))
+        return lines
+
+
+def run_scale_out(lab: Any, replicas: int, policies: tuple[str, ...] | list[str], workload: AgentWorkload,
+                  repeats: int = 1, failure_workload: AgentWorkload | None = None, kill_after_completed: int = 4,
+                  restart: bool = True, progress: bool | None = None) -> ScaleOutRun:
+    """Notebook 07's scale-out run: replicas behind the router (the workshop's own replica set, or ``replicas``
+    started beside its engine and stopped after), the policies compared on ``workload``, then one replica
+    killed under ``failure_workload`` (None: no failure run). Where replicas cannot run, nothing starts and
+    ``skipped`` says why; a set that fails to start is stopped and reported the same way."""
+    from helpers.engine import EngineError
+    from helpers.replicas import lesson_replica_set, usable_cores
+    from helpers.router import RouterError
+
+    engine, start_it, why = lesson_replica_set(lab.engine, replicas)
+    if engine is None:
+        return ScaleOutRun(skipped=why)
+    result = ScaleOutRun(n_replicas=engine.n, cores=len(usable_cores()), worker_urls=engine.worker_urls())
+    try:
+        if start_it:
+            if progress is not False:
+                print(f"starting {engine.n} replicas (ports {', '.join(map(str, engine.ports))}) and the router "
+                      f"(port {engine.settings.port}) beside the workshop's engine ...", flush=True)
+            engine.start()
+        result.comparison = compare_policies(engine, tuple(policies), workload, repeats=repeats, progress=progress)
+        if failure_workload is not None:
+            result.failure = replica_failure_run(engine, workload=failure_workload, restart=restart, progress=progress,
+                                                 kill_after_completed=kill_after_completed)
+    except (EngineError, RouterError) as err:
+        result.skipped = f"The replica set failed: {getattr(err, 'message', str(err))}"
+    finally:
+        if start_it:
+            engine.stop()
+    return result

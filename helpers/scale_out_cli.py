@@ -71,13 +71,10 @@ def run_routing(args: argparse.Namespace) -> int:
             run = so.replica_failure_run(engine, progress=True,
                                          workload=so.AgentWorkload(conversations=8, turns=4, system_words=args.system_words,
                                                                    concurrency=args.concurrency, max_tokens=args.max_tokens))
+            told = so.ScaleOutRun(comp, run, engine.n, len(usable_cores()), engine.worker_urls())
             print(run.table().to_string())
-            print(f"killed replica {run.killed_replica} (pid {run.killed_pid}) at {run.t_kill_s:.1f} s; restart "
-                  f"{run.restart_s or float('nan'):.1f} s; back in the rotation {run.rejoin_s or float('nan'):.1f} s later")
-            for key, value in run.router.items():
-                print(f"  router {key}: {value:g}")
-            failed_late = int((~run.after_detection()["ok"].astype(bool)).sum())
-            print(report(so.conclude_failure(run.counts, failed_late, run.rejoin_s is not None), so.SURVIVAL_RULE))
+            print(told.failure_story())
+            print(report(told.survival(), so.SURVIVAL_RULE))
         if args.split_cost:
             _split_cost(engine, settings, workload, args.repeats)
     finally:

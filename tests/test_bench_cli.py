@@ -101,3 +101,27 @@ def test_metrics_errors_are_one_line_and_exit_2(capsys, tmp_path):
     assert run(["metrics", "--url", "http://127.0.0.1:1/metrics", "--json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Cannot read") and err.count("\n") == 1
+
+
+def test_metrics_of_a_replica_set_show_every_replica(fake, capsys, monkeypatch):
+    # the router forwards /metrics to one replica: behind it, each replica is read on its own port
+    urls = {"replica 0 (port 8001)": fake.base_url.removesuffix("/v1") + "/metrics",
+            "replica 1 (port 8002)": fake.base_url.removesuffix("/v1") + "/metrics"}
+    monkeypatch.setattr(bench_cli, "_replica_metrics_urls", lambda: urls)
+    assert run(["metrics"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- replica ") == 2 and "--- replica 1 (port 8002)" in out
+    assert out.count("prefix_cache_hit_rate: 0.25") == 2
+    assert run(["metrics", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == set(urls)
+
+
+def test_metrics_of_a_replica_set_name_a_replica_that_cannot_be_read(fake, capsys, monkeypatch):
+    urls = {"replica 0 (port 8001)": fake.base_url.removesuffix("/v1") + "/metrics",
+            "replica 1 (port 1)": "http://127.0.0.1:1/metrics"}
+    monkeypatch.setattr(bench_cli, "_replica_metrics_urls", lambda: urls)
+    assert run(["metrics"]) == 0  # the live replica is shown; the dead one is named with the reason
+    out = capsys.readouterr().out
+    assert "--- replica 1 (port 1): cannot read its /metrics: " in out and "prefix_cache_hit_rate: 0.25" in out
+    monkeypatch.setattr(bench_cli, "_replica_metrics_urls", lambda: {"replica 1 (port 1)": urls["replica 1 (port 1)"]})
+    assert run(["metrics"]) == 2

@@ -182,7 +182,11 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
 def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     run = _run_notebook(REPO_ROOT / "notebooks" / "07_saturation.ipynb", tmp_path,
                        parameters={"CONCURRENCIES": [1, 8, 32], "MIN_REQUESTS": 8, "REQUESTS_PER_USER": 1,
-                                   "SMALL_MAX_NUM_SEQS": 4, "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64})
+                                   "SMALL_MAX_NUM_SEQS": 4, "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64,
+                                   # one conversation at a time: round robin sends every turn 2 to the other replica
+                                   "AGENT_CONVERSATIONS": 4, "AGENT_TURNS": 3, "AGENT_CONCURRENCY": 1,
+                                   "POLICY_REPEATS": 1, "FAILURE_CONVERSATIONS": 4, "FAILURE_CONCURRENCY": 2,
+                                   "KILL_AFTER_ANSWERS": 2})
     text = _printed(run)
     small = re.search(r"- \[shown\] With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
     assert small, text[-3000:]
@@ -203,6 +207,16 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     assert re.search(r"- \[(shown|not shown|within noise)\] Llama-3.3-70B bf16 on H100 SXM \(roofline\): ", text)
     assert "this machine: 0.067 USD/h (a comparable VM's list price: Google Cloud" in text
     assert text.count("You made no prediction") == 3 and text.count("This run: ") == 3  # the three exercises ran
+    # beyond one engine: every policy's hit rate and TTFT from the replicas' own counters; affinity beats round robin
+    hit = {p: float(r) for p, r in re.findall(r"- (\w+) over 2 replicas: prefix-cache hit rate ([\d.]+)%, TTFT turn 1 "
+                                              r"[\d,]+ ms, later turns [\d,]+ ms, [\d.,]+ output tok/s, 0 failed", text)}
+    assert set(hit) == {"round_robin", "consistent_hash", "cache_aware"}, text[-4000:]
+    assert hit["consistent_hash"] > hit["round_robin"] + 15, hit
+    # a replica killed under load: every request accounted for, none lost, the killed one restarted and back
+    killed = re.search(r"(\d+) sent, (\d+) completed, (\d+) failed \(the client saw an error\), (\d+) lost", text)
+    assert killed and int(killed.group(4)) == 0 and int(killed.group(1)) == sum(map(int, killed.group(2, 3)))
+    assert re.search(r"Killed replica \d \(SIGKILL\) [\d.]+ s into the run.*\nRestarted in [\d.]+ s", text)
+    assert not lab.engine.status().get("replicas")  # the replicas beside the engine were stopped
 
 
 def test_notebook_04_serves_the_tiny_dense_and_moe_models(lab, tmp_path):

@@ -86,3 +86,37 @@ def test_a_missing_router_is_reported_before_any_engine_starts(monkeypatch, tmp_
     with pytest.raises(RouterError, match="pip install vllm-router"):
         rs.start()
     assert rs.replicas[0].pid is None and read_record(8850) is None
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"VLLM_HOST": "http://10.0.0.5:8000"}, "external (VLLM_HOST is set)"),
+    ({"VLLM_HOST": "http://vllm:8000", "NAMESPACE": "alice"}, "k8s/components/router"),
+    ({"WORKSHOP_PROFILE": "gpu"}, "would not fit"),
+])
+def test_the_lesson_starts_replicas_only_beside_a_local_cpu_engine(env, words):
+    from types import SimpleNamespace
+
+    from helpers.replicas import lesson_replica_set
+
+    found, start_it, why = lesson_replica_set(SimpleNamespace(settings=load_settings(env)), 2)
+    assert found is None and not start_it and words in why
+
+
+def test_the_lesson_uses_the_workshop_replica_set_as_it_is_or_starts_one_beside(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from helpers.replicas import lesson_replica_set
+
+    own = ReplicaSet(load_settings({"WORKSHOP_PORT": "8850"}), 3)
+    assert lesson_replica_set(own, 2) == (own, False, "")  # never started or stopped by the notebook
+    beside, start_it, why = lesson_replica_set(SimpleNamespace(settings=load_settings({"WORKSHOP_PORT": "8850"})), 2)
+    if why:  # vllm-router absent from this environment: the reason says how to install it
+        assert "pip install vllm-router" in why
+    else:
+        assert start_it and beside.ports == [8861, 8862]
+    from helpers import router
+
+    monkeypatch.setattr(router.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found, start_it, why = lesson_replica_set(SimpleNamespace(settings=load_settings({})), 2)
+    assert found is None and "pip install vllm-router" in why and "skipped" in why

@@ -103,6 +103,14 @@ def test_a_killed_replica_loses_no_request_silently(replica_set):
     assert not replica_set.replica_rows()[run.killed_replica]["ready"]
 
 
+def test_metrics_read_every_replica_not_only_the_one_the_router_forwards_to(replica_set):
+    ready = [row["ready"] for row in replica_set.replica_rows()]  # the replica killed above stays down
+    code, out = _cli("metrics")
+    assert code == 0 and out.count("--- replica ") == 2, out
+    assert out.count("cannot read its /metrics") == ready.count(False)
+    assert out.count("prefix_cache_queries") == ready.count(True)
+
+
 def test_down_leaves_no_process_and_frees_every_port(replica_set):
     state_dir = os.environ["WORKSHOP_STATE_DIR"]
     assert _ours(state_dir), "the replica set should be running before down"

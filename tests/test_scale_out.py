@@ -143,3 +143,57 @@ def test_split_cost_conclusion_names_both_sides_and_the_ratio():
                         + [{"setup": "2 replicas + router", "throughput_tok_s": v} for v in (15.0, 16.0)])
     text = conclude_split_cost(runs).text
     assert "2 replicas + router: 15.5" in text and "21.0 for one engine" in text and "0.74x" in text
+
+
+def test_a_skipped_scale_out_run_says_why_everywhere():
+    from helpers import plots
+    from helpers.scale_out import ScaleOutRun
+
+    run = ScaleOutRun(skipped="The engine runs in a cluster: ...")
+    assert run.affinity().verdict == WITHIN_NOISE and "cluster" in run.affinity().text
+    assert run.survival().verdict == WITHIN_NOISE and run.failure_story() == run.skipped
+    assert run.summary().empty and run.failure_table().empty and run.caveats() == []
+    assert "not run here" in str(run.conclusions()[0])
+    assert plots.routing_by_policy(run) is None and plots.failure_timeline(run) is None
+
+
+def test_a_scale_out_run_concludes_from_its_numbers():
+    import matplotlib.pyplot as plt
+
+    from helpers import plots
+    from helpers.scale_out import ScaleOutRun
+
+    rows = [{**r, "e2e_s": 1.0} for r in (_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0),
+                                          _row(True, t=3.0), _row(True, t=20.0))]
+    failure = FailureRun(requests_frame(rows, 0.0), 1, 123, t_kill_s=1.5, detect_s=6.0, restart_s=30.0, rejoin_s=None,
+                         router={"vllm_router_retries_total{route=/v1/chat/completions}": 2.0}, policy="consistent_hash")
+    run = ScaleOutRun(_comparison(), failure, n_replicas=2, cores=2)
+    assert "70.0%" in run.affinity().text and "50.0%" in run.affinity().text
+    story = run.failure_story()
+    assert "Killed replica 1" in story and "1.5 s" in story and "did not send it a request again" in story
+    assert "The router retried 2 time(s); 0 request(s) ran out of retries." in story
+    survival = run.survival()  # restarted but never back in the rotation: not survived, whatever else went well
+    assert survival.verdict == NOT_SHOWN and "did not get requests" in survival.text
+    assert [str(c) for c in run.conclusions()][-1] == str(survival) and len(run.conclusions()) == 7
+    assert str(run.conclusions()[0]).startswith("- round_robin over 2 replicas: prefix-cache hit rate 50.0%, TTFT turn 1 200 ms, later turns 1,400 ms")
+    for figure in (plots.routing_by_policy(run), plots.failure_timeline(run)):
+        assert len(figure.axes) >= 1
+        plt.close(figure)
+    no_restart = ScaleOutRun(_comparison(), FailureRun(failure.requests, 1, 123, 1.5, 6.0, None, None), 2, cores=2)
+    assert no_restart.survival().verdict == SHOWN  # without a restart, the rejoin is not judged
+
+
+def test_the_router_failover_is_told_per_replica():
+    from helpers.router import describe_failover
+
+    urls = ["http://127.0.0.1:8881", "http://127.0.0.1:8882"]
+    deltas = {"vllm_router_retries_total{route=/v1/chat/completions}": 9.0,
+              "vllm_router_retries_exhausted_total{route=/v1/chat/completions}": 1.0,
+              f"vllm_router_cb_outcomes_total{{outcome=failure,worker={urls[1]}}}": 10.0,
+              f"vllm_router_cb_outcomes_total{{outcome=success,worker={urls[0]}}}": 8.0,
+              f"vllm_router_cb_state_transitions_total{{from=closed,to=open,worker={urls[1]}}}": 1.0,
+              "vllm_router_worker_health{worker=http://127.0.0.1:8882}": 1.0}
+    text = describe_failover(deltas, urls)
+    assert text == ("The router retried 9 time(s); 1 request(s) ran out of retries; replica 1: 10 failed attempt(s), "
+                    "circuit breaker opened 1 time(s).")
+    assert describe_failover({}, urls) == "The router exposed no figures for this run."
