@@ -168,13 +168,16 @@ class HourlyPrice:
 
 
 # List prices as published; they change often and differ between providers by 2x or more: pass your own
-# (helpers.token_price takes the price as a parameter) and keep its source beside it.
+# (helpers.token_price takes the price as a parameter) and keep its source beside it. Lambda's rows were read
+# from two independent transcriptions of its instances page (September 2026) that agree to the cent; the AWS
+# and Google Cloud rows are list prices as published in 2025, not re-checked since.
+_LAMBDA = "Lambda GPU cloud on-demand instances page (September 2026)"
 HOURLY_PRICES: tuple[HourlyPrice, ...] = (
-    HourlyPrice("H100 SXM", 2.99, "Lambda on-demand pricing page (2025): 8x NVIDIA H100 SXM, 2.99 USD per GPU-hour"),
-    HourlyPrice("H100 PCIe", 2.49, "Lambda on-demand pricing page (2025): 1x NVIDIA H100 PCIe, 2.49 USD per GPU-hour"),
-    HourlyPrice("A100 80GB SXM", 1.79, "Lambda on-demand pricing page (2025): 8x NVIDIA A100 SXM 80GB, 1.79 USD per GPU-hour"),
-    HourlyPrice("A100 40GB SXM", 1.29, "Lambda on-demand pricing page (2025): 1x NVIDIA A100 SXM 40GB, 1.29 USD per GPU-hour"),
-    HourlyPrice("B200", 4.99, "Lambda on-demand pricing page (2025): 8x NVIDIA B200, 4.99 USD per GPU-hour"),
+    HourlyPrice("H100 SXM", 3.99, f"{_LAMBDA}: 8x NVIDIA H100 SXM, 3.99 USD per GPU-hour (1x: 4.29)"),
+    HourlyPrice("H100 PCIe", 3.29, f"{_LAMBDA}: 1x NVIDIA H100 PCIe, 3.29 USD per GPU-hour"),
+    HourlyPrice("A100 80GB SXM", 2.79, f"{_LAMBDA}: 8x NVIDIA A100 SXM 80 GB, 2.79 USD per GPU-hour"),
+    HourlyPrice("A100 40GB SXM", 1.99, f"{_LAMBDA}: 8x NVIDIA A100 SXM 40 GB, 1.99 USD per GPU-hour"),
+    HourlyPrice("B200", 6.69, f"{_LAMBDA}: 8x NVIDIA B200 SXM6, 6.69 USD per GPU-hour"),
     HourlyPrice("A10G", 1.006, "AWS EC2 On-Demand pricing (us-east-1, Linux): g5.xlarge, 1 A10G + 4 vCPU, 1.006 USD/h"),
     HourlyPrice("2-vCPU VM", 0.067, "Google Cloud Compute Engine VM pricing (us-central1, on demand): e2-standard-2, "
                                     "2 vCPU + 8 GB, 0.067 USD/h"),

@@ -94,7 +94,7 @@ def test_the_notebooks_inputs_say_where_they_come_from():
     assert "H100 SXM" in tp.gpu_prices() and "2-vCPU VM" not in tp.gpu_prices()
     with pytest.raises(ValueError, match="choose one of"):
         tp.reference_config("Llama-9-1T")
-    table = tp.gpu_price_table({"H100 SXM": 2.99, "A10G": 1.0}, LLAMA_70B, [10, 30], 1024, 1024)
+    table = tp.gpu_price_table({"H100 SXM": hourly_price("H100 SXM").usd_per_hour, "A10G": 1.0}, LLAMA_70B, [10, 30], 1024, 1024)
     pivot = tp.price_pivot(table)
     assert list(pivot.columns) == ["<= 10 ms", "<= 30 ms"] and pivot.loc["A10G", "<= 10 ms"] == "-"
     assert "GPUs x" in pivot.loc["H100 SXM", "<= 10 ms"]
