@@ -65,7 +65,7 @@ def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
     if not len(tested):
         return Conclusion("no speculative configuration with k > 1 proposed drafts in this run: the formula was not "
                           "tested (at k = 1 it matches by construction)", WITHIN_NOISE)
-    parts, worst, why = [], 0.0, []
+    parts, worst, why, directions = [], 0.0, [], set()
     for _, r in tested.iterrows():
         rel = r.difference / r.measured_length if r.measured_length else 0.0
         worst = max(worst, abs(rel))
@@ -74,15 +74,20 @@ def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
         later = [c for c in r.conditional[1:] if c == c]
         if later and abs(rel) > within:
             direction = "higher" if sum(later) / len(later) > r.a_first_guess else "lower"
+            directions.add(direction)
             why.append(f"{r.config}: after an accepted guess the next one was kept {', '.join(f'{c:.0%}' for c in later)} of the "
                        f"time against a = {r.a_first_guess:.0%} for the first ({direction})")
     text = "; ".join(parts)
     if worst <= within:
         return Conclusion(f"{text}: within {within:.0%}, so acceptance behaved about as if each guess were an "
                           "independent coin of probability a", SHOWN)
-    reason = ("acceptance is not independent per position: " + "; ".join(why) + ". Once a draft is in an easy "
-              "stretch (tool-call syntax, a copied name) its later guesses are kept more often; once it has "
-              "guessed wrong the step ends, whatever the later guesses were") if why else \
+    because = {"higher": "once a draft is in an easy stretch (tool-call syntax, a copied name) its later guesses are "
+                         "kept more often than the first, so the formula under-counts",
+               "lower": "a guess further ahead builds on the draft's own earlier guesses and drifts from the target, "
+                        "so later positions are kept less often than the first, and the formula over-counts"}
+    reason = ("acceptance is not independent per position: " + "; ".join(why) + ". "
+              + "; while ".join(because[d] for d in ("higher", "lower") if d in directions)
+              + "; a wrong guess ends the step, whatever the later guesses were") if why else \
         "the per-position rates do not explain it (too few drafts to read them)"
     return Conclusion(f"{text}: the formula is off by up to {worst:.0%}: {reason}", NOT_SHOWN)
 

@@ -198,6 +198,21 @@ def decode_point(bound: DecodeBound, step_time_s: float | None = None, label: st
                          bound.flops_per_step / time_s)
 
 
+LABEL_OFFSETS = ((4, 4), (4, -12), (4, 16), (4, -24), (4, 28))  # points: right, then alternately below and above
+
+
+def label_offset(placed: Sequence[RooflinePoint], point: RooflinePoint, near_decades: float = 0.15) -> tuple[int, int]:
+    """Where ``point``'s label goes (offset in points): one step further from the first slot for each point
+    already ``placed`` within ``near_decades`` of it on both log axes, so labels of close points do not overlap."""
+    import math
+
+    def near(other: RooflinePoint) -> bool:
+        return (abs(math.log10(other.flop_per_byte / point.flop_per_byte)) < near_decades
+                and abs(math.log10(other.flops_per_s / point.flops_per_s)) < near_decades)
+
+    return LABEL_OFFSETS[min(sum(map(near, placed)), len(LABEL_OFFSETS) - 1)]
+
+
 def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype: str = "bf16",
                   compute_label: str | None = None) -> "Figure":
     """Log-log roofline of ``gpu`` (FLOP/s against FLOP/byte) with ``points`` on it; ``compute_label``
@@ -213,9 +228,10 @@ def plot_roofline(gpu: GPU, points: Sequence[RooflinePoint] = (), compute_dtype:
     ax.loglog(grid, [min(peak, x * gpu.bandwidth_bytes_per_s) / 1e12 for x in grid], color="black",
               label=f"{gpu.name} roof (compute: {compute_label or compute_dtype.upper()})")
     ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.0f} FLOP/byte")
-    for p in points:
+    for i, p in enumerate(points):
         ax.loglog([p.flop_per_byte], [p.flops_per_s / 1e12], "o")
-        ax.annotate(p.label, (p.flop_per_byte, p.flops_per_s / 1e12), textcoords="offset points", xytext=(4, 4))
+        ax.annotate(p.label, (p.flop_per_byte, p.flops_per_s / 1e12), textcoords="offset points",
+                    xytext=label_offset(points[:i], p))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel(f"TFLOP/s ({compute_label or compute_dtype.upper()})")
     ax.set_ylim(top=peak / 1e12 * 3)  # room above the roof for the labels of compute-bound points

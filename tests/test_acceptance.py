@@ -34,12 +34,15 @@ def test_independent_guesses_match_the_formula_and_a_sticky_draft_beats_it():
     assert iid_only.verdict == SHOWN
     both = formula_conclusion(table.reset_index())
     assert both.verdict == NOT_SHOWN and "not independent per position" in both.text and "(higher)" in both.text
+    assert "formula under-counts" in both.text and "over-counts" not in both.text
 
 
 def test_a_draft_that_falls_off_after_the_first_guess_reads_lower():
     table = expected_length_table(spec_runs({"fading": [0.8, 0.3, 0.05]}), {"fading": 3}, 1)
     verdict = formula_conclusion(table)
     assert table.difference.iloc[0] < 0 and verdict.verdict == NOT_SHOWN and "(lower)" in verdict.text
+    # the reason follows the numbers: later positions kept less often, so the formula over-counts
+    assert "formula over-counts" in verdict.text and "easy stretch" not in verdict.text
 
 
 def test_runs_pool_by_drafts_and_no_k_above_one_tests_nothing():

@@ -124,3 +124,12 @@ def test_cpu_roof_is_labelled_with_the_dtype_it_was_measured_in():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("FP32 matmul" in label for label in labels) and "FP32" in fig.axes[0].get_ylabel()
     plt.close(fig)
+
+
+def test_labels_of_close_points_are_staggered():
+    from helpers.roofline import LABEL_OFFSETS, RooflinePoint, label_offset
+
+    dense, moe, far = RooflinePoint("dense B=4", 2.0, 1e11), RooflinePoint("moe B=4", 2.2, 1.1e11), RooflinePoint("x", 200, 1e13)
+    assert label_offset([], dense) == LABEL_OFFSETS[0]
+    assert label_offset([dense], moe) == LABEL_OFFSETS[1]  # close on both axes: the next slot
+    assert label_offset([dense, moe], far) == LABEL_OFFSETS[0]  # far away: the first slot
