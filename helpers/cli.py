@@ -57,7 +57,7 @@ def _up_replicas(args: argparse.Namespace) -> int:
     print(f"router ({engine.router.load().policy}) ready after {time.monotonic() - start:.1f} s: {settings.base_url} "
           f"serving {engine.model!r} (pid {engine.router.pid}); metrics {engine.router.metrics_url()}")
     for row in engine.replica_rows():
-        print(f"  replica {row['replica']}: port {row['port']} pid {row['pid']} cpus {row['cpus']} kv {row['kv_bytes']} bytes")
+        print(f"  replica {row['replica']}: port {row['port']} pid {row['pid']} threads {row['threads']} kv {row['kv_bytes']} bytes")
     print(f"logs: {engine.router.log_path()} and engine-PORT.log beside it")
     return 0
 

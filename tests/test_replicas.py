@@ -6,8 +6,8 @@ import pytest
 
 from helpers import replicas
 from helpers.engine import EngineError, default_config
-from helpers.replicas import (BIND_VARIABLE, ReplicaSet, cpu_binds, cores_shared, read_record, replica_config,
-                              replica_ports, replica_set_for, replica_settings, router_metrics_port)
+from helpers.replicas import (BIND_VARIABLE, THREADS_VARIABLE, ReplicaSet, cores_shared, omp_threads, read_record,
+                              replica_config, replica_ports, replica_set_for, replica_settings, router_metrics_port)
 from helpers.router import RouterError
 from helpers.settings import load_settings
 from helpers.vllm_args import flag_value
@@ -19,28 +19,27 @@ def test_ports_follow_the_router():
 
 
 @pytest.mark.parametrize("n, cores, expected", [
-    (2, [0, 1], ["0", "1"]),
-    (2, [0, 1, 2, 3], ["0-1", "2-3"]),
-    (3, [0, 1, 2, 3, 4, 5, 6], ["0-1", "2-3", "4-5"]),
-    (2, [0, 2, 4, 6], ["0,2", "4,6"]),
-    (3, [0, 1], ["0", "1", "0"]),  # more replicas than cores: shared
-    (1, [0, 1], ["0-1"]),
+    (2, [0, 1], 1),
+    (2, [0, 1, 2, 3], 2),
+    (3, [0, 1, 2, 3, 4, 5, 6], 2),
+    (3, [0, 1], 1),  # more replicas than cores: shared
+    (1, [0, 1], 2),
 ])
-def test_cpu_binds_are_disjoint_slices(n, cores, expected):
-    assert cpu_binds(n, cores) == expected
+def test_each_replica_gets_an_equal_share_of_threads(n, cores, expected):
+    assert omp_threads(n, cores) == expected
     assert cores_shared(n, cores) == (n > len(cores))
 
 
-def test_cpu_binds_refuse_nothing():
+def test_threads_refuse_nothing():
     with pytest.raises(EngineError):
-        cpu_binds(0, [0, 1])
+        omp_threads(0, [0, 1])
 
 
-def test_replica_config_sets_kv_budget_and_cpu_slice():
+def test_replica_config_sets_kv_budget_and_unpinned_threads():
     base = default_config(load_settings({}))
-    config = replica_config(base, "1", 512 << 20)
+    config = replica_config(base, 3, 512 << 20)
     assert flag_value(config.args, "--kv-cache-memory-bytes") == str(512 << 20)
-    assert dict(config.env)[BIND_VARIABLE] == "1"
+    assert dict(config.env)[BIND_VARIABLE] == "nobind" and dict(config.env)[THREADS_VARIABLE] == "3"
     assert dict(config.env)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the profile's env is kept
     assert config.model == base.model and "--enforce-eager" in config.args
 
