@@ -261,7 +261,8 @@ class PolicyComparison:
 
     def per_replica(self) -> pd.DataFrame:
         """Per policy and replica (summed over repeats): hit rate and requests served."""
-        grouped = self.replicas.groupby(["policy", "replica"], sort=False)[["prefix_queries", "prefix_hits", "requests"]].sum()
+        counts = ["prefix_queries", "prefix_hits", "requests"]
+        grouped = self.replicas.groupby(["policy", "replica"], sort=False)[counts].sum().round().astype(int)  # counters
         grouped["hit_rate"] = grouped["prefix_hits"] / grouped["prefix_queries"].where(grouped["prefix_queries"] > 0)
         return grouped.reset_index()
 
