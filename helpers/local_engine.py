@@ -489,10 +489,11 @@ class LocalEngine(Engine):
         def gone() -> str | None:
             return None if _process(state.pid, state.create_time) else "vLLM exited before it became ready"
 
-        with tqdm(total=None, desc=f"engine {expected}", bar_format="{desc}: {postfix} [{elapsed}]", leave=False,
+        with tqdm(total=None, desc=f"engine {expected}", bar_format="{desc} [{elapsed}]", leave=False,
                   disable=None if progress else True) as bar:
-            def show_phase() -> None:
-                bar.set_postfix_str(start_phase(self._recent_log_text(state.log_offset)), refresh=True)
+            def show_phase() -> None:  # in the description: tqdm puts ", " before a postfix
+                bar.set_description_str(f"engine {expected}: {start_phase(self._recent_log_text(state.log_offset))}",
+                                        refresh=True)
 
             try:
                 self.wait_serving(expected, time.monotonic() + timeout_s, timeout_s, gone, show_phase)

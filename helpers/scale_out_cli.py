@@ -68,9 +68,9 @@ def run_routing(args: argparse.Namespace) -> int:
         print(report(so.conclude_affinity(comp.samples("hit_rate")), so.conclude_later_turns(comp.samples("ttft_later_s")),
                      so.cpu_caveat(engine.n, len(usable_cores())), so.gpu_expectation(engine.n)))
         if args.failure:
-            run = so.replica_failure_run(engine, progress=True,
-                                         workload=so.AgentWorkload(conversations=8, turns=4, system_words=args.system_words,
-                                                                   concurrency=args.concurrency, max_tokens=args.max_tokens))
+            failing = so.AgentWorkload(conversations=so.FAILURE_CONVERSATIONS, turns=4, system_words=args.system_words,
+                                       concurrency=args.concurrency, max_tokens=args.max_tokens)
+            run = so.replica_failure_run(engine, progress=True, workload=failing)
             told = so.ScaleOutRun(comp, run, engine.n, len(usable_cores()), engine.worker_urls())
             print(run.table().to_string())
             print(told.failure_story())

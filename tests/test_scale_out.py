@@ -84,6 +84,12 @@ def test_failure_rule_both_ways(counts, after, rejoined, verdict, words):
     assert c.verdict == verdict and words in c.text
 
 
+def test_a_run_that_ends_inside_the_detection_window_says_rule_2_went_untested():
+    counts = {"sent": 20, "completed": 19, "failed": 1, "lost": 0}
+    assert "rule (2) was not tested" in conclude_failure(counts, 0, True, sent_after_detection=0).text
+    assert "rule (2)" not in conclude_failure(counts, 0, True, sent_after_detection=5).text
+
+
 def test_failure_run_phases():
     rows = [_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0), _row(True, t=3.0), _row(True, t=20.0)]
     run = FailureRun(requests_frame(rows, 0.0), 1, 123, t_kill_s=1.5, detect_s=6.0, restart_s=30.0, rejoin_s=1.0)
