@@ -381,12 +381,17 @@ def routing_by_policy(run: "ScaleOutRun") -> Figure | None:
     for policy, row in turns.iterrows():
         right.plot(list(row.index), list(row.values), marker="o", label=str(policy))
     right.set_xticks(list(turns.columns))
-    right.set_xlabel("turn of the conversation")
-    right.set_ylabel("mean TTFT (ms)")
-    right.set_ylim(bottom=0)
-    right.set_title("TTFT per turn")
-    right.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    _axes_outside_legend(right, "turn of the conversation", "mean TTFT (ms)", "TTFT per turn")
     return fig
+
+
+def _axes_outside_legend(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels and title, y from zero, the legend outside the data on the right."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
 
 
 def failure_timeline(run: "ScaleOutRun") -> Figure | None:
@@ -405,9 +410,6 @@ def failure_timeline(run: "ScaleOutRun") -> Figure | None:
         ax.axvline(failure.t_kill_s, color="black", linestyle="--", label=f"replica {failure.killed_replica} killed")
         ax.axvspan(failure.t_kill_s, failure.t_kill_s + failure.detect_s, color="tab:orange", alpha=0.15,
                    label=f"detection window ({failure.detect_s:g} s)")
-    ax.set_xlabel("request sent, s since the run started")
-    ax.set_ylabel("end-to-end latency (s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("What the client saw while a replica died")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    _axes_outside_legend(ax, "request sent, s since the run started", "end-to-end latency (s)",
+                         "What the client saw while a replica died")
     return fig
