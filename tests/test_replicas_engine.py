@@ -87,7 +87,9 @@ def test_session_affinity_gives_more_prefix_cache_hits_than_round_robin(replica_
     assert hits["consistent_hash"][0] > hits["round_robin"][0] + 0.15, hits
     assert conclude_affinity(hits).verdict == SHOWN
     per_replica = comp.per_replica()
-    assert set(per_replica["replica"]) == {0, 1} and per_replica["prefix_queries"].gt(0).all()
+    # round robin reaches both replicas; consistent_hash may put all four sessions on one (1 run in 8)
+    robin = per_replica[per_replica["policy"] == "round_robin"]
+    assert set(robin["replica"]) == {0, 1} and robin["prefix_queries"].gt(0).all(), per_replica
 
 
 def test_a_killed_replica_loses_no_request_silently(replica_set):
