@@ -248,36 +248,62 @@ def _scalar_lines(values: dict[str, Any]) -> list[str]:
     return lines
 
 
+ROUTER_SECTION = "router"
+
+
 def _replica_metrics_urls() -> dict[str, str]:
-    """Each replica's /metrics, named "replica i (port p)", when the endpoint is a replica set; else {}."""
+    """Each replica's /metrics, named "replica i (port p)", then the router's ("router (port p)"), when the
+    endpoint is a replica set; else {}."""
     from helpers.replicas import replica_set_for
 
     replica_set = replica_set_for(load_settings())
     if replica_set is None:
         return {}
-    return {f"replica {i} (port {port})": url
+    urls = {f"replica {i} (port {port})": url
             for i, (port, url) in enumerate(zip(replica_set.ports, replica_set.metrics_urls()))}
+    router_url = replica_set.router.metrics_url()
+    if router_url:
+        urls[f"{ROUTER_SECTION} (port {router_url.split(':')[-1].split('/')[0]})"] = router_url
+    return urls
+
+
+def _read_section(name: str, url: str, model: str | None) -> dict[str, Any]:
+    """One section's figures: a replica's normalized vLLM metrics, or the router's own figures; {"error": ...}."""
+    import httpx
+
+    from helpers.router import router_figures
+
+    if not name.startswith(ROUTER_SECTION):
+        try:
+            return server_metrics.normalized(server_metrics.scrape(url, model=model))
+        except server_metrics.MetricsError as err:
+            return {"error": str(err)}
+    try:
+        resp = httpx.get(url, timeout=5)
+    except httpx.HTTPError as err:
+        return {"error": f"{type(err).__name__} at {url}"}
+    return router_figures(resp.text) if resp.status_code == 200 else {"error": f"HTTP {resp.status_code} at {url}"}
 
 
 def _print_replica_metrics(urls: dict[str, str], args: argparse.Namespace) -> int:
-    """Every replica's /metrics, one section each (the router forwards /metrics to one replica only); a replica
-    that cannot be read is named with the reason, the others are still shown. Exit 2 when none could be read."""
-    values: dict[str, Any] = {}
-    for name, url in urls.items():
-        try:
-            values[name] = server_metrics.normalized(server_metrics.scrape(url, model=args.model))
-        except server_metrics.MetricsError as err:
-            values[name] = {"error": str(err)}
+    """Every replica's /metrics, one section each (the router forwards /metrics to one replica only), then the
+    router's figures; a section that cannot be read is named with the reason, the others are still shown.
+    Exit 2 when no replica could be read."""
+    values = {name: _read_section(name, url, args.model) for name, url in urls.items()}
     if args.json:
         print(json.dumps(values, indent=1))
     else:
         for name, one in values.items():
             if "error" in one:
                 print(f"--- {name}: cannot read its /metrics: {one['error']}")
+            elif name.startswith(ROUTER_SECTION):
+                print(f"--- {name}")
+                print("\n".join(f"{key}: {value:g}" for key, value in one.items()) or "no router figures yet")
             else:
                 print(f"--- {name}")
                 print("\n".join(_scalar_lines(one)) or "no vLLM metrics found")
-    return 2 if all("error" in one for one in values.values()) else 0
+    replicas = [one for name, one in values.items() if not name.startswith(ROUTER_SECTION)]
+    return 2 if all("error" in one for one in replicas) else 0
 
 
 def run_metrics(args: argparse.Namespace) -> int:

@@ -123,5 +123,7 @@ def test_metrics_of_a_replica_set_name_a_replica_that_cannot_be_read(fake, capsy
     assert run(["metrics"]) == 0  # the live replica is shown; the dead one is named with the reason
     out = capsys.readouterr().out
     assert "--- replica 1 (port 1): cannot read its /metrics: " in out and "prefix_cache_hit_rate: 0.25" in out
-    monkeypatch.setattr(bench_cli, "_replica_metrics_urls", lambda: {"replica 1 (port 1)": urls["replica 1 (port 1)"]})
-    assert run(["metrics"]) == 2
+    monkeypatch.setattr(bench_cli, "_replica_metrics_urls", lambda: {"replica 1 (port 1)": urls["replica 1 (port 1)"],
+                                                                      "router (port 2)": "http://127.0.0.1:2/metrics"})
+    assert run(["metrics"]) == 2  # no replica could be read
+    assert "--- router (port 2): cannot read its /metrics: ConnectError" in capsys.readouterr().out

@@ -111,6 +111,8 @@ def test_metrics_read_every_replica_not_only_the_one_the_router_forwards_to(repl
     assert code == 0 and out.count("--- replica ") == 2, out
     assert out.count("cannot read its /metrics") == ready.count(False)
     assert out.count("prefix_cache_queries") == ready.count(True)
+    router = out.split("--- router (port ")[1]  # the router's own figures, after the replicas
+    assert "vllm_router_requests_total" in router and "vllm_router_worker_health" in router, out
 
 
 def test_down_leaves_no_process_and_frees_every_port(replica_set):
