@@ -598,8 +598,9 @@ class ScaleOutRun:
     def survival(self) -> Conclusion:
         """``SURVIVAL_RULE`` applied to the failure run."""
         run = self.failure
-        if run is None:
-            return Conclusion(self.skipped or "no failure run", WITHIN_NOISE, "the service survives one replica's death")
+        if run is None or run.t_kill_s is None:
+            return Conclusion(self._not_killed() if run else self.skipped or "no failure run", WITHIN_NOISE,
+                              "the service survives one replica's death")
         late = run.after_detection()
         return conclude_failure(run.counts, int((~late["ok"].astype(bool)).sum()),
                                 None if run.restart_s is None else run.rejoin_s is not None, len(late))
@@ -610,8 +611,7 @@ class ScaleOutRun:
         if run is None:
             return self.skipped or "No failure run."
         if run.t_kill_s is None:
-            return (f"No replica was killed: the run ended before {run.requests['ok'].sum()} answers reached the "
-                    "kill threshold (raise the workload's conversations).")
+            return self._not_killed()
         lines = [f"Killed replica {run.killed_replica} (SIGKILL) {run.t_kill_s:.1f} s into the run, router policy "
                  f"{run.policy}; detection window {run.detect_s:g} s."]
         if run.restart_s is not None:
@@ -620,6 +620,11 @@ class ScaleOutRun:
             lines.append(f"Restarted in {run.restart_s:.1f} s (until it served again); {rejoin}.")
         lines.append(describe_failover(run.router, self.worker_urls))
         return "\n".join(lines)
+
+    def _not_killed(self) -> str:
+        answers = int(self.failure.requests["ok"].sum()) if self.failure is not None and len(self.failure.requests) else 0
+        return (f"No replica was killed: the run ended after {answers} answers, before the kill threshold (lower "
+                "KILL_AFTER_ANSWERS or give the run more conversations).")
 
     def failure_table(self) -> pd.DataFrame:
         """The failure run's requests by phase (before the kill, detection window, after) and outcome."""

@@ -185,6 +185,9 @@ def test_a_scale_out_run_concludes_from_its_numbers():
     for figure in (plots.routing_by_policy(run), plots.failure_timeline(run)):
         assert len(figure.axes) >= 1
         plt.close(figure)
+    never_killed = ScaleOutRun(_comparison(), FailureRun(failure.requests, 1, None, None, 6.0, None, None), 2, cores=2)
+    assert never_killed.failure_story().startswith("No replica was killed: the run ended after 3 answers")
+    assert never_killed.survival().verdict == WITHIN_NOISE  # nothing was killed: nothing survived or failed
     no_restart = ScaleOutRun(_comparison(), FailureRun(failure.requests, 1, 123, 1.5, 6.0, None, None), 2, cores=2)
     assert no_restart.survival().verdict == SHOWN  # without a restart, the rejoin is not judged
 
