@@ -269,20 +269,14 @@ def _replica_metrics_urls() -> dict[str, str]:
 
 def _read_section(name: str, url: str, model: str | None) -> dict[str, Any]:
     """One section's figures: a replica's normalized vLLM metrics, or the router's own figures; {"error": ...}."""
-    import httpx
+    from helpers.router import RouterError, fetch_figures
 
-    from helpers.router import router_figures
-
-    if not name.startswith(ROUTER_SECTION):
-        try:
-            return server_metrics.normalized(server_metrics.scrape(url, model=model))
-        except server_metrics.MetricsError as err:
-            return {"error": str(err)}
     try:
-        resp = httpx.get(url, timeout=5)
-    except httpx.HTTPError as err:
-        return {"error": f"{type(err).__name__} at {url}"}
-    return router_figures(resp.text) if resp.status_code == 200 else {"error": f"HTTP {resp.status_code} at {url}"}
+        if name.startswith(ROUTER_SECTION):
+            return fetch_figures(url)
+        return server_metrics.normalized(server_metrics.scrape(url, model=model))
+    except (server_metrics.MetricsError, RouterError) as err:
+        return {"error": str(err)}
 
 
 def _print_replica_metrics(urls: dict[str, str], args: argparse.Namespace) -> int:

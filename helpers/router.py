@@ -98,6 +98,17 @@ def router_figures(text: str) -> dict[str, float]:
     return out
 
 
+def fetch_figures(url: str, timeout_s: float = 3.0) -> dict[str, float]:
+    """The router's figures read from its /metrics ``url``; RouterError saying what failed."""
+    try:
+        resp = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        raise RouterError(f"{type(err).__name__} at {url}") from None
+    if resp.status_code != 200:
+        raise RouterError(f"HTTP {resp.status_code} at {url}")
+    return router_figures(resp.text)
+
+
 def figure_deltas(before: dict[str, float], after: dict[str, float], contains: Sequence[str] = ()) -> dict[str, float]:
     """What changed between two reads of the router's figures: counters by how much they grew, gauges by their
     value after (when it changed, or is not zero); only names containing one of ``contains`` (all when empty)."""
@@ -294,10 +305,7 @@ class RouterProcess:
     def read_figures(self, timeout_s: float = 3.0) -> dict[str, float]:
         """The router's Prometheus figures now ({} when it exposes none or is down)."""
         url = self.metrics_url()
-        if not url:
-            return {}
         try:
-            resp = httpx.get(url, timeout=timeout_s)
-            return router_figures(resp.text) if resp.status_code == 200 else {}
-        except httpx.HTTPError:
+            return fetch_figures(url, timeout_s) if url else {}
+        except RouterError:
             return {}
