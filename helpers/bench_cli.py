@@ -263,7 +263,7 @@ def _replica_metrics_urls() -> dict[str, str]:
             for i, (port, url) in enumerate(zip(replica_set.ports, replica_set.metrics_urls()))}
     router_url = replica_set.router.metrics_url()
     if router_url:
-        urls[f"{ROUTER_SECTION} (port {router_url.split(':')[-1].split('/')[0]})"] = router_url
+        urls[f"{ROUTER_SECTION} (port {replica_set.router.load().prometheus_port})"] = router_url
     return urls
 
 

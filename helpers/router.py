@@ -134,6 +134,9 @@ def _labels(key: str) -> dict[str, str]:
 def describe_failover(deltas: dict[str, float], worker_urls: Sequence[str]) -> str:
     """What the router did while a worker failed, from ``figure_deltas``: retries, requests that ran out of
     retries, failed attempts and circuit-breaker openings per replica (named by its index in ``worker_urls``)."""
+    if not deltas:
+        return "The router exposed no figures for this run."
+
     def total(name: str, **labels: str) -> int:
         return int(sum(v for k, v in deltas.items() if k.split("{")[0] == name
                        and all(_labels(k).get(a) == b for a, b in labels.items())))
@@ -145,8 +148,6 @@ def describe_failover(deltas: dict[str, float], worker_urls: Sequence[str]) -> s
         opened = total("vllm_router_cb_state_transitions_total", to="open", worker=url)
         if failed or opened:
             parts.append(f"replica {i}: {failed} failed attempt(s), circuit breaker opened {opened} time(s)")
-    if not deltas:
-        return "The router exposed no figures for this run."
     return "The router " + "; ".join(parts) + "."
 
 
