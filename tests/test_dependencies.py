@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -33,9 +34,13 @@ def extra_requirements(extra: str) -> dict[str, Requirement]:
     return out
 
 
-def pins(path: Path) -> dict[str, Version]:
-    """``name==version`` lines of a requirements file; ValueError naming the line for anything else."""
-    out: dict[str, Version] = {}
+def pins(path: Path) -> dict[str, list[Version]]:
+    """``name==version`` lines of a requirements file, by name; ValueError naming the line for anything else.
+
+    A name may appear on several lines only with markers that never hold together (torch's +cpu build on Linux
+    x86-64 and aarch64, the plain one elsewhere)."""
+    out: dict[str, list[Version]] = {}
+    markers: dict[str, list[Marker | None]] = {}
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -45,10 +50,23 @@ def pins(path: Path) -> dict[str, Version]:
         if len(specs) != 1 or specs[0].operator != "==":
             raise ValueError(f"{path.name}:{number}: {line!r} is not pinned with == to one version")
         name = canonicalize_name(req.name)
-        if name in out:
-            raise ValueError(f"{path.name}:{number}: {req.name} is pinned twice")
-        out[name] = Version(specs[0].version)
+        seen = markers.setdefault(name, [])
+        if seen and (req.marker is None or None in seen
+                     or any(_hold_together(req.marker, other) for other in seen)):
+            raise ValueError(f"{path.name}:{number}: {req.name} is pinned twice for one platform")
+        seen.append(req.marker)
+        out.setdefault(name, []).append(Version(specs[0].version))
     return out
+
+
+PLATFORMS = [{"sys_platform": system, "platform_system": kind, "platform_machine": machine}
+             for system, kind in (("linux", "Linux"), ("darwin", "Darwin"), ("win32", "Windows"))
+             for machine in ("x86_64", "aarch64", "arm64", "AMD64", "ppc64le")]
+
+
+def _hold_together(a: Marker, b: Marker) -> bool:
+    """Whether two markers both hold on one of the platforms the workshop names."""
+    return any(a.evaluate(env) and b.evaluate(env) for env in PLATFORMS)
 
 
 def test_the_extras_exist_and_the_client_has_no_vllm():
@@ -69,7 +87,7 @@ def test_each_requirements_file_pins_exactly_its_extras(lock):
     pinned = pins(REPO / lock)
     assert sorted(set(wanted) - set(pinned)) == [], f"{lock} lacks names that pyproject.toml's extras list"
     assert sorted(set(pinned) - set(wanted)) == [], f"{lock} pins names that no extra of {LOCKS[lock]} lists"
-    outside = {name: str(version) for name, version in pinned.items()
+    outside = {name: str(version) for name, versions in pinned.items() for version in versions
                if not wanted[name].specifier.contains(version, prereleases=True)}
     assert outside == {}, f"{lock} pins versions outside the extras' ranges: {outside} ({ {n: str(wanted[n].specifier) for n in outside} })"
 
@@ -82,3 +100,18 @@ def test_a_loose_or_doubled_pin_is_refused_with_the_line(tmp_path):
     bad.write_text("pandas==3.1.1\nPandas==3.1.2\n")
     with pytest.raises(ValueError, match="pinned twice"):
         pins(bad)
+    bad.write_text('torch==2.13.0+cpu; sys_platform == "linux"\ntorch==2.13.0; platform_machine == "x86_64"\n')
+    with pytest.raises(ValueError, match="requirements.txt:2: torch is pinned twice for one platform"):
+        pins(bad)
+
+
+def test_the_cpu_and_client_pins_take_the_cpu_torch_on_linux_and_the_plain_one_elsewhere():
+    for lock in ("requirements.txt", "requirements-client.txt"):
+        lines = [Requirement(line.split("#", 1)[0]) for line in (REPO / lock).read_text().splitlines()
+                 if line.startswith("torch==")]
+        for env, wanted in (({"sys_platform": "linux", "platform_machine": "x86_64"}, "2.13.0+cpu"),
+                            ({"sys_platform": "linux", "platform_machine": "aarch64"}, "2.13.0+cpu"),
+                            ({"sys_platform": "darwin", "platform_machine": "arm64"}, "2.13.0"),
+                            ({"sys_platform": "win32", "platform_machine": "AMD64"}, "2.13.0")):
+            chosen = [str(r.specifier).removeprefix("==") for r in lines if r.marker is None or r.marker.evaluate(env)]
+            assert chosen == [wanted], (lock, env, chosen)

@@ -1,7 +1,8 @@
 """The workshop's images, checked without a container engine: the Containerfile lints clean (hadolint) and
-installs only through images/notebook/install.sh (which tests/test_client_env.py runs), its start hook copies
-the notebooks, the devcontainer and `make image` point at it, and `workshop provision --notebook-image`
-puts the image into the rendered Deployment."""
+installs only through install/install.py (which tests/test_stock_pip.py and tests/test_client_env.py run), builds
+with no build argument and keeps the CPU index out of the image's environment, follows docker-stacks' user
+conventions, its start hook copies the notebooks, the devcontainer and `make image` point at it, and
+`workshop provision --notebook-image` puts the image into the rendered Deployment."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ BIN = Path(sys.executable).parent
 
 def stages() -> dict[str, list[str]]:
     """The Containerfile's instructions per stage (continuation lines joined), by stage name."""
-    text = re.sub(r"\\\n\s*", " ", CONTAINERFILE.read_text())
+    text = re.sub(r"\s*\\\n\s*", " ", CONTAINERFILE.read_text())
     out: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
@@ -66,16 +67,21 @@ def test_the_base_is_the_pinned_docker_stacks_image_of_the_cluster_manifests():
     assert name == pv.BASE_NOTEBOOK_IMAGE and tag and tag != "latest" and tag == pinned[name]
 
 
-def test_each_target_installs_only_through_the_install_script_as_jovyan():
+def test_each_target_installs_only_through_the_install_script_as_the_notebook_user():
     all_stages = stages()
     assert {"base", "notebook", "lab-cpu"} <= set(all_stages)
     for target, profile in (("notebook", "client"), ("lab-cpu", "cpu")):
         steps = all_stages[target]
         runs = [s for s in steps if s.startswith("RUN ")]
-        installs = [s for s in runs if "pip " in s or "install.sh" in s]
-        assert installs == [f"RUN /opt/workshop/images/notebook/install.sh {profile} /opt/conda/bin/python /opt/workshop"]
+        installs = [s for s in runs if "pip " in s or "install.py" in s]
+        assert installs == [f'RUN python /opt/workshop/install/install.py --profile {profile} '
+                            f'&& fix-permissions "${{CONDA_DIR}}" /opt/workshop "/home/${{NB_USER}}"'], installs
         users = [s for s in steps[: steps.index(installs[0])] if s.startswith("USER ")]
-        assert users and users[-1] == "USER 1000", f"{target}: install as jovyan (UID 1000), who owns /opt/conda"
+        assert users and users[-1] == "USER ${NB_UID}", f"{target}: install as docker-stacks' NB_UID, who owns /opt/conda"
+        assert [s for s in steps if s.startswith("USER ")][-1] == "USER ${NB_UID}", f"{target} must end as NB_UID"
+    for step in all_stages["base"]:
+        if step.startswith("COPY --chown"):
+            assert "--chown=${NB_UID}:${NB_GID}" in step, step
     kubectl = " ".join(all_stages["notebook"])
     assert re.search(r"ARG KUBECTL_VERSION=v\d+\.\d+\.\d+\b", kubectl) and "sha256sum --check" in kubectl
     notebook_cmd = json.loads(next(s for s in all_stages["notebook"] if s.startswith("CMD "))[4:])
@@ -88,6 +94,21 @@ def test_each_target_installs_only_through_the_install_script_as_jovyan():
         if step.startswith("COPY "):
             sources = [w for w in step.split()[1:-1] if not w.startswith("--")]
             assert all((REPO_ROOT / s).exists() for s in sources), step
+
+
+def test_the_images_build_with_no_argument_and_keep_the_cpu_index_out_of_their_environment():
+    text = CONTAINERFILE.read_text()
+    for target in ("notebook", "lab-cpu"):
+        steps = stages()["base"] + stages()[target]
+        args = {re.match(r"ARG (\w+)", s)[1]: s for s in steps if s.startswith("ARG ")}
+        assert all("=" in line for line in args.values()), f"{target}: an ARG without a default: {args}"
+        assert args["TORCH_CPU_INDEX"].split("=", 1)[1].startswith("https://"), args
+        envs = " ".join(s for s in steps if s.startswith("ENV "))
+        assert "INDEX" not in envs and "TORCH_CPU_INDEX" not in envs, envs
+    assert "PIP_EXTRA_INDEX_URL" not in text, "the image is built without PIP_EXTRA_INDEX_URL"
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    default = re.search(r"^TORCH_CPU_INDEX \?= (\S+)$", makefile, re.MULTILINE)[1]
+    assert args["TORCH_CPU_INDEX"] == f"ARG TORCH_CPU_INDEX={default}", "the Containerfile and the Makefile disagree"
 
 
 def test_the_build_context_leaves_out_environments_outputs_and_the_learners_copies():
@@ -120,6 +141,7 @@ def test_the_devcontainer_builds_the_lab_cpu_target_and_forwards_jupyterlab():
     assert build["target"] == "lab-cpu" and build["target"] in stages()
     assert config["overrideCommand"] is False, "the image's command (workshop lab) must run"
     assert 8888 in config["forwardPorts"]
+    assert "args" not in build, "the devcontainer builds with the Containerfile's defaults, no argument"
 
 
 def test_make_image_builds_the_notebook_target_with_the_given_tag():
@@ -128,8 +150,8 @@ def test_make_image_builds_the_notebook_target_with_the_given_tag():
     done = subprocess.run(["make", "-n", "image", "IMAGE=registry.example/ws/notebook:2026-09-01", "CONTAINER=podman"],
                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
-    assert ("podman build -f images/notebook/Containerfile --target notebook --build-arg PIP_EXTRA_INDEX_URL "
-            "-t registry.example/ws/notebook:2026-09-01 .") in done.stdout
+    assert ("podman build -f images/notebook/Containerfile --target notebook --build-arg TORCH_CPU_INDEX=https://"
+            in done.stdout and " -t registry.example/ws/notebook:2026-09-01 ." in done.stdout), done.stdout
     lab = subprocess.run(["make", "-n", "lab-container", "CONTAINER=docker"], capture_output=True, text=True,
                          timeout=60, cwd=REPO_ROOT)
     assert "--target lab-cpu" in lab.stdout and "docker run --rm -it -p 127.0.0.1:8888:8888" in lab.stdout
