@@ -18,6 +18,7 @@ import pandas as pd
 
 from helpers import evals
 from helpers.cli_args import number_type, output_path_problem
+from helpers.engine import EngineError
 from helpers.session import EndpointError, connect
 from helpers.settings import SettingsError, load_settings
 
@@ -116,7 +117,7 @@ def run_eval(args: argparse.Namespace) -> int:
         lab = connect(load_settings(), start=False)
         run = evals.run_suite(lab, suite, evals.EvalSettings(seed=args.seed, max_tokens=args.max_tokens),
                               progress=sys.stderr.isatty())
-    except (ValueError, SettingsError, EndpointError) as err:
+    except (ValueError, SettingsError, EndpointError, EngineError) as err:  # EngineError: MODEL_NAME not shipped
         return _error(str(err))
     print(f"{run.suite} v{run.suite_version}: {len(run.rows)} tasks against {run.model} at "
           f"{evals.safe_endpoint(run.endpoint)} in {run.wall_s:.1f} s (temperature {run.settings.temperature}, "

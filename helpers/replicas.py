@@ -167,8 +167,12 @@ class ReplicaSet(Engine):
         previous = read_record(self.settings.port)
         if previous and previous["replicas"] > self.n:
             ReplicaSet(self.settings, previous["replicas"]).stop()
-        self._record()
         base = config or self.base_config()
+        if config is None and base.served_name != self.settings.model:  # as LocalEngine.start: MODEL_NAME decides
+            print(f"The replicas serve {base.served_name!r}; the settings ask for {self.settings.model!r} "
+                  "(MODEL_NAME): restarting them on it.", flush=True)
+            base = default_config(self.settings)  # a name the engine cannot serve raises here, before any record
+        self._record()
         errors: list[BaseException | None] = [None] * self.n
 
         def start_one(i: int) -> None:

@@ -3,6 +3,11 @@
 ``connect()`` reads the settings, starts the local engine when the profile runs one (or finds the
 one already running), checks that the endpoint answers and serves the expected model, and returns a
 ``Lab`` holding the settings, the engine and an OpenAI client. Every failure says what to do next.
+
+The model is always the one the settings name (``MODEL_NAME``), never another one the engine happens to
+serve: a local engine serving another model is restarted on it, a name the local engine cannot serve is
+refused naming the shipped models, and a remote endpoint that does not serve it is refused naming the
+models it serves.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 
-from helpers.engine import Engine, ExternalEngine, list_models
+from helpers.engine import Engine, EngineError, ExternalEngine, list_models, resolve_model
 from helpers.local_engine import LocalEngine
 from helpers.replicas import ReplicaSet, replica_set_for
 from helpers.settings import Settings, load_settings
@@ -43,8 +48,16 @@ def check_endpoint(settings: Settings, model: str | None = None, timeout_s: floa
                 else "check VLLM_HOST, your network or port-forward, and that the engine pod is running")
         raise EndpointError(f"Cannot reach the engine at {url} ({type(err).__name__}): {hint}.") from None
     if model is not None and model not in served:
+        if not settings.managed:
+            raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
+                                "Set MODEL_NAME to one of them (or switch the engine's model).")
+        try:
+            resolve_model(model, settings.profile)  # a name the local engine cannot serve: the shipped ones
+        except EngineError as err:
+            raise EndpointError(str(err)) from None
         raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
-                            "Set MODEL_NAME to one of them (or switch the engine's model).")
+                            f"Restart the local engine on it with `MODEL_NAME={model} workshop up`, or set MODEL_NAME "
+                            "to one of them.")
     return served
 
 
@@ -97,16 +110,21 @@ def make_engine(settings: Settings) -> Engine:
 
 
 def connect(settings: Settings | None = None, start: bool = True) -> Lab:
-    """Settings -> engine (started or found) -> checked endpoint -> Lab. In a notebook it also makes tables show
-    whole numbers as whole numbers and gaps as "-" (``helpers.tables.format_tables``)."""
+    """Settings -> engine (started or found) serving the settings' model -> checked endpoint -> Lab. In a notebook
+    it also makes tables show whole numbers as whole numbers and gaps as "-" (``helpers.tables.format_tables``).
+
+    ``start=False`` starts no engine that is not running, but a local engine serving another model than the
+    settings name is still restarted on it (``LocalEngine.start`` says so). A name the local engine cannot serve
+    raises EngineError naming the shipped models; one a remote endpoint does not serve, EndpointError naming
+    the served ones."""
     from helpers.tables import format_tables  # pandas: only when connecting, not on import
 
     format_tables()
     settings = settings or load_settings()
     engine = make_engine(settings)
-    if start and isinstance(engine, (LocalEngine, ReplicaSet)):
-        engine.start()
-    check_endpoint(settings, engine.model)
+    if isinstance(engine, (LocalEngine, ReplicaSet)) and (start or engine.model != settings.model):
+        engine.start()  # on another model than settings.model: restarts on it (or refuses a name it cannot serve)
+    check_endpoint(settings, settings.model)
     return Lab(settings, engine, make_client(settings))
 
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from fake_vllm import FakeVllm
 
 from helpers import k8s_engine as ke
 from helpers.engine import EngineError, EngineStartError, default_config
-from helpers.session import make_engine
+from helpers.session import EndpointError, connect, make_engine
 from helpers.vllm_args import EngineConfig, flag_value
 from helpers.provision import K8S_DIR
 from helpers.settings import load_settings
@@ -294,6 +295,13 @@ def test_a_model_the_endpoint_does_not_list_is_rolled_back(cluster):
     assert "the engine serves ['Qwen/Qwen3-4B'], not 'RedHatAI/Qwen3-4B-FP8-dynamic'" in str(info.value)
     assert cluster.vllm_args()[:4] == ["--model", MODEL, "--served-model-name", MODEL]
     assert engine.model == MODEL
+
+
+def test_connect_uses_model_name_and_refuses_one_the_deployment_does_not_serve_naming_the_served_one(cluster):
+    assert connect(cluster.settings).model == MODEL
+    with pytest.raises(EndpointError, match=r"'Qwen/Qwen3-8B' is not served at .*Served: \['Qwen/Qwen3-4B'\]"):
+        connect(replace(cluster.settings, model="Qwen/Qwen3-8B"))  # not the Deployment's model in its place
+    assert cluster.vllm_args()[:4] == ["--model", MODEL, "--served-model-name", MODEL]  # and nothing was changed
 
 
 def test_a_configuration_that_starts_but_cannot_generate_is_rolled_back(cluster):

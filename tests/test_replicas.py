@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
+from fake_engine_server import use_fake_engine
 
 from helpers import replicas
 from helpers.engine import EngineError, default_config
@@ -85,6 +88,28 @@ def test_a_missing_router_is_reported_before_any_engine_starts(monkeypatch, tmp_
     with pytest.raises(RouterError, match="pip install vllm-router"):
         rs.start()
     assert rs.replicas[0].pid is None and read_record(8850) is None
+
+
+def test_replicas_serving_another_model_than_model_name_are_restarted_on_it(monkeypatch, capsys):
+    use_fake_engine(monkeypatch)  # each replica's server is tests/fake_engine_server.py; the router is not under test
+    monkeypatch.setattr(replicas, "router_binary", lambda: "vllm-router")
+    monkeypatch.setattr(ReplicaSet, "ensure_router", lambda self, policy: None)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    agent = ReplicaSet(load_settings({"WORKSHOP_PORT": str(port)}), 2)
+    try:
+        agent.start(timeout_s=60)
+        assert [r.served_models() for r in agent.replicas] == [["tiny-agent"]] * 2
+        moe = ReplicaSet(load_settings({"WORKSHOP_PORT": str(port), "MODEL_NAME": "tiny-moe"}))
+        moe.start(timeout_s=60)
+        assert moe.model == "tiny-moe" and [r.served_models() for r in moe.replicas] == [["tiny-moe"]] * 2
+        assert "The replicas serve 'tiny-agent'; the settings ask for 'tiny-moe'" in capsys.readouterr().out
+        with pytest.raises(EngineError, match="'no-such-model' is neither a model shipped in models/"):
+            ReplicaSet(load_settings({"WORKSHOP_PORT": str(port), "MODEL_NAME": "no-such-model"})).start(timeout_s=60)
+        assert [r.served_models() for r in moe.replicas] == [["tiny-moe"]] * 2  # refused before anything stopped
+    finally:
+        agent.stop()
 
 
 @pytest.mark.parametrize("env, words", [
