@@ -1,32 +1,86 @@
 """The ``workshop`` command: run the engine, open the lab, execute notebooks, rebuild the models."""
 
+# Loading this module needs only the core install (pyyaml): each command imports what it uses when it runs, a
+# subcommand module that needs a package of an extra is listed anyway, and a command whose package is missing
+# says in one line what to install (install_hint), without a traceback.
+
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from helpers import bench_cli, cli_args, planner_cli, provision_cli
-from helpers import eval_cli
-from helpers import scale_out_cli
-from helpers.engine import EngineError
-from helpers.local_engine import LocalEngine, describe_process, port_holder
-from helpers.replicas import ReplicaSet
-from helpers.machine import MachineError
-from helpers.session import EndpointError, check_endpoint, connect, make_engine
+from helpers import cli_args, kit_paths
 from helpers.settings import SettingsError, load_settings
+
+# The subcommands other modules register, by module, in --help's order: named here so that a module that cannot
+# be imported (a package of an extra is missing) still lists its subcommands, each saying what to install.
+SUBCOMMAND_MODULES = {
+    "helpers.bench_cli": ("bench", "metrics"),
+    "helpers.planner_cli": ("memory", "gpus"),
+    "helpers.provision_cli": ("provision", "cluster-status", "cards", "reset", "teardown"),
+    "helpers.eval_cli": ("eval",),
+    "helpers.scale_out_cli": ("routing",),  # replicas behind the router
+}
+# Modules that come with the cpu and gpu extras only (the engine, the router, JupyterLab); anything else a
+# command misses is in the client extra.
+ENGINE_EXTRA_MODULES = ("vllm", "vllm_router", "jupyterlab", "jupyterlab_server", "jupyter_server")
+
+
+def install_hint(module: str) -> str:
+    """What to run to get the missing third-party ``module``: its profile's install in a clone, else its extra."""
+    engine = module.split(".")[0] in ENGINE_EXTRA_MODULES
+    if kit_paths.checkout_root() is not None:  # install/install.py: the pinned versions, PyTorch's CPU build
+        return ("make lab, or python install/install.py --profile cpu (--profile gpu on an NVIDIA GPU)" if engine
+                else "python install/install.py --profile client (or cpu, with the engine)")
+    extra = 'pip install "workshop-helpers[cpu]" (no GPU) or "workshop-helpers[gpu]"' if engine else \
+        'pip install "workshop-helpers[client]"'
+    return f"{extra} (README, \"Installing outside this repository's machines\": PyTorch's CPU index)"
+
+
+def missing_package(err: ModuleNotFoundError) -> str | None:
+    """The third-party module whose absence raised ``err``; None for one of the helpers (a bug, not an install)."""
+    top = (err.name or "").split(".")[0]
+    return None if top in ("", "helpers") else err.name
+
+
+def _missing_line(command: str, module: str) -> str:
+    return f"workshop {command} needs {module.split('.')[0]}, which is not installed: {install_hint(module)}"
+
+
+def connect(settings: Any = None, start: bool = True) -> Any:
+    """``helpers.session.connect``, imported when a command first needs the engine (the core install has no httpx)."""
+    from helpers.session import connect as connect_lab
+
+    return connect_lab(settings, start=start)
 
 
 def _engine_or_fail():
+    from helpers.session import make_engine
+
     settings = load_settings()
     return settings, make_engine(settings)
 
 
+def _vllm_missing() -> bool:
+    """Whether vLLM (the cpu or gpu extra) is absent from this environment."""
+    return importlib.util.find_spec("vllm") is None
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the engine for the profile (or find the running one) and print the endpoint."""
+    if load_settings().managed and _vllm_missing():  # the local engine is vLLM: say so before anything else is needed
+        return _usage_error(_missing_line(getattr(args, "command", "up"), "vllm"))
+    from helpers.local_engine import LocalEngine
+    from helpers.replicas import ReplicaSet
+    from helpers.session import check_endpoint
+
     if getattr(args, "replicas", None) is not None or getattr(args, "router", None) is not None:
         return _up_replicas(args)
     settings, engine = _engine_or_fail()
@@ -37,7 +91,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"external endpoint {settings.base_url} serves {served}; nothing to start")
         return 0
     start = time.monotonic()
-    already = engine.is_ready()
+    already = engine.is_ready() and engine.model == settings.model  # not when it serves another model: start switches
     if not already:  # the first start takes a while: say so before the phase line (shown on a terminal) begins
         print(f"starting the engine on port {settings.port} ({settings.model}); about a minute on a laptop CPU ...",
               flush=True)
@@ -50,6 +104,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _up_replicas(args: argparse.Namespace) -> int:
     """``workshop up --replicas N [--router POLICY]``: N local engines behind vllm-router on the workshop's port."""
+    from helpers.replicas import ReplicaSet
+
     settings = load_settings()
     engine = ReplicaSet(settings, getattr(args, "replicas", None), getattr(args, "router", None))
     start = time.monotonic()
@@ -64,6 +120,9 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the engine: the local server with every process it started, or the cluster Deployment (scaled to 0)."""
+    from helpers.local_engine import LocalEngine, describe_process, port_holder
+    from helpers.replicas import ReplicaSet
+
     settings, engine = _engine_or_fail()
     if isinstance(engine, ReplicaSet):  # a replica set: the router, then every replica
         stopped = engine.stop()
@@ -101,13 +160,15 @@ def cmd_lab(args: argparse.Namespace) -> int:
     """Start the engine if needed, then JupyterLab on your own copies of the notebooks (my-notebooks/)."""
     from helpers import workspace
 
+    if importlib.util.find_spec("jupyterlab") is None:
+        return _usage_error(_missing_line("lab", "jupyterlab"))
     try:
         report = workspace.sync(args.dir)  # before the engine starts: a bad --dir fails at once
     except workspace.WorkspaceError as err:
         return _usage_error(str(err))
     for line in report.lines():
         print(line)
-    if cmd_up(argparse.Namespace(timeout=None)) != 0:
+    if cmd_up(argparse.Namespace(timeout=None, command="lab")) != 0:
         return 1
     names = report.copied + report.refreshed + report.kept + report.current
     first = workspace.START_HERE if workspace.START_HERE in names else min(names, default=None)
@@ -271,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("lab", help=_summary(cmd_lab), epilog="Other arguments go to JupyterLab (e.g. --no-browser).")
     p.add_argument("--dir", default=None, help="your copies of the notebooks (default WORKSHOP_WORKSPACE, "
-                   "else my-notebooks/ in the repository, ignored by git)")
+                   "else my-notebooks/ in the repository, ignored by git; in the current folder for a wheel install)")
     p.set_defaults(func=cmd_lab, jupyter_args=[])
     p = sub.add_parser("notebooks", help=_summary(cmd_notebooks), description=cmd_notebooks.__doc__)
     p.add_argument("--reset", action="append", default=[], metavar="NOTEBOOK",
@@ -305,23 +366,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=number(float, 0, 60, above=True), default=1.0,
                    help="seconds of the quiet-machine sample (at most 60)")
     p.set_defaults(func=cmd_machine)
-    bench_cli.register(sub)  # bench, metrics
-    planner_cli.register(sub)  # memory, gpus
-    provision_cli.register(sub)  # provision, cluster-status, cards, reset, teardown
-    eval_cli.register(sub)  # eval
-    scale_out_cli.register(sub)  # routing (replicas behind the router)
+    for module, commands in SUBCOMMAND_MODULES.items():
+        _register(sub, module, commands)
     return parser
+
+
+def _register(sub: argparse._SubParsersAction, module: str, commands: tuple[str, ...]) -> None:
+    """Add the subcommands of ``module``; when it needs a package that is not installed, add each as a command that
+    says what to install."""
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing = missing_package(err)
+        if missing is None:
+            raise
+        for name in commands:
+            p = sub.add_parser(name, help=f"(not installed here: needs {missing.split('.')[0]})",
+                               description=_missing_line(name, missing))
+            p.set_defaults(func=lambda args, missing=missing: _usage_error(_missing_line(args.command, missing)),
+                           takes_any_arguments=True)
+        return
+    loaded.register(sub)
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports in one line: those of the modules loaded by now (one not loaded raised none)."""
+    named = (("helpers.engine", "EngineError"), ("helpers.session", "EndpointError"),
+             ("helpers.machine", "MachineError"))
+    return (SettingsError, *(getattr(sys.modules[m], name) for m, name in named if m in sys.modules))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "lab":
+    if extra and args.command != "lab" and not getattr(args, "takes_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.jupyter_args = extra if args.command == "lab" else []
     try:
         return args.func(args)
-    except (SettingsError, EngineError, EndpointError, MachineError) as err:
+    except ModuleNotFoundError as err:  # a package of an extra: say which to install, no traceback
+        missing = missing_package(err)
+        if missing is None:
+            raise
+        return _usage_error(_missing_line(args.command, missing))
+    except _reported_errors() as err:  # evaluated when an error arrives: the modules the command imported by then
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,11 +12,10 @@ machine fails. Without the variable nothing is patched.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from helpers import kit_paths
 from helpers.machine import FORCE_ISA_VARIABLE, force_flags
 
-SITE_DIR = Path(__file__).resolve().parent / "forced_isa_site"
+SITE_DIR = kit_paths.package_path("forced_isa_site")  # package data: in the wheel too (pyproject.toml)
 ATEN_CAPABILITY = {"avx2": "avx2", "avx512": "avx512", "amx": "avx512"}
 
 

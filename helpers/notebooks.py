@@ -25,9 +25,11 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-DEFAULT_OUT = REPO_ROOT / "build" / "executed"
+from helpers import kit_paths
+
+REPO_ROOT = kit_paths.kit_root()  # the clone; for a wheel, helpers/kit/ (its copies of notebooks/, k8s/, models/)
+NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")
+DEFAULT_OUT = kit_paths.work_root() / "build" / "executed"  # in the clone; for a wheel, under the current folder
 
 
 class NotebookRunError(RuntimeError):

@@ -31,9 +31,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from helpers import kit_paths
 from helpers.gpus import get_gpu
 
-K8S_DIR = Path(__file__).resolve().parent.parent / "k8s"
+K8S_DIR = kit_paths.kit_dir("k8s")  # the clone's k8s/, or a wheel's copy inside the package
 DEFAULT_OUT_DIR = Path("build") / "workshop"
 SETTINGS_FILE = "workshop.json"
 SECRETS_DIR = ".secrets"
@@ -283,6 +284,8 @@ def _dump(data: Any) -> str:
 
 def _check_base_engine_args() -> None:
     """Fail unless the vLLM container's args in k8s/base start with --model M --served-model-name M."""
+    if not (K8S_DIR / "base" / "vllm.yaml").is_file():
+        raise ProvisionError(kit_paths.missing_kit_message("k8s", K8S_DIR))
     docs = list(yaml.safe_load_all((K8S_DIR / "base" / "vllm.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]

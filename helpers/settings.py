@@ -33,9 +33,11 @@ class SettingsError(ValueError):
 
 
 def models_dir() -> Path:
-    """Where the shipped tiny models live (``WORKSHOP_MODELS_DIR`` overrides)."""
+    """Where the shipped tiny models live: the clone's models/ or a wheel's copy (``WORKSHOP_MODELS_DIR`` overrides)."""
+    from helpers.kit_paths import kit_dir
+
     override = os.environ.get("WORKSHOP_MODELS_DIR")
-    return Path(override) if override else Path(__file__).resolve().parent.parent / "models"
+    return Path(override) if override else kit_dir("models")
 
 
 def state_dir() -> Path:

@@ -1,13 +1,13 @@
 """The learner's own copies of the notebooks: the lab opens these, never the committed ones.
 
 ``sync`` copies each numbered notebook of ``notebooks/``, and ``start_here.ipynb`` (the lab's first screen),
-into the workspace (``my-notebooks/`` in the
-repository, ignored by git; ``WORKSHOP_WORKSPACE`` or ``--dir`` elsewhere, e.g. ``~/work`` in the
-notebook image). A small record (``.workshop-copies.json``) holds the hash of what was copied: a copy
-whose bytes still match it is untouched and is refreshed when the committed notebook changes; a copy
-the learner edited or ran (JupyterLab saves outputs into it) is kept. ``reset`` puts the committed
-version back and keeps the learner's as ``NAME.backup-<time>.ipynb``. So running notebooks never
-dirties the repository, and ``git pull`` always works.
+into the workspace (``my-notebooks/`` in the repository, ignored by git, or in the current folder when the
+helpers run from a wheel; ``WORKSHOP_WORKSPACE`` or ``--dir`` elsewhere, e.g. ``~/work`` in the notebook
+image). A small record (``.workshop-copies.json``) holds the hash of what was copied: a copy whose bytes
+still match it is untouched and is refreshed when the committed notebook changes; a copy the learner
+edited or ran (JupyterLab saves outputs into it) is kept. ``reset`` puts the committed version back and
+keeps the learner's as ``NAME.backup-<time>.ipynb``. So running notebooks never dirties the repository,
+and ``git pull`` always works.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.notebooks import NOTEBOOK_DIR, REPO_ROOT
+from helpers import kit_paths
 
-DEFAULT_WORKSPACE = REPO_ROOT / "my-notebooks"
+NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")  # the committed notebooks: the clone's, or a wheel's copies
+DEFAULT_WORKSPACE = kit_paths.work_root() / "my-notebooks"  # in the clone; for a wheel, in the current folder
 RECORD = ".workshop-copies.json"
 START_HERE = "start_here.ipynb"  # the lab's first screen: the path through the workshop and the engine's status
 # JupyterLab's default settings for the lab (its documented overrides.json): the file browser without its
 # "last modified" column, so the notebooks' full names fit in the left panel; no news pop-up (the lab is offline)
-JUPYTERLAB_SETTINGS = Path(__file__).resolve().parent / "data" / "jupyterlab"
+JUPYTERLAB_SETTINGS = kit_paths.package_path("data", "jupyterlab")
 
 
 class WorkspaceError(ValueError):
@@ -77,7 +78,8 @@ def seed_lab_layout(workspace: Path) -> Path:
 
 
 def workspace_dir(path: Path | str | None = None) -> Path:
-    """The workspace: ``path``, else ``WORKSHOP_WORKSPACE``, else ``my-notebooks/`` in the repository."""
+    """The workspace: ``path``, else ``WORKSHOP_WORKSPACE``, else ``my-notebooks/`` in the clone (in the current folder
+    when the helpers run from a wheel)."""
     chosen = path or os.environ.get("WORKSHOP_WORKSPACE") or DEFAULT_WORKSPACE
     return Path(chosen).expanduser().resolve()
 
@@ -120,10 +122,14 @@ def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> Sy
     """Copy new notebooks into the workspace and refresh the untouched ones; never overwrite the learner's."""
     ws = workspace_dir(workspace)
     _check_workspace(ws, source)
+    lessons = lesson_files(source)
+    if not lessons:  # never "every notebook is current" when there was nothing to copy
+        raise WorkspaceError(kit_paths.missing_kit_message("notebooks", source) if Path(source) == NOTEBOOK_DIR
+                             else f"no notebooks to copy in {source}: give the folder of the workshop's notebooks")
     ws.mkdir(parents=True, exist_ok=True)
     record = _record(ws)
     report = SyncReport(ws)
-    for src in lesson_files(source):
+    for src in lessons:
         dest, name, new_hash = ws / src.name, src.name, _sha256(src)
         if not dest.exists():
             shutil.copyfile(src, dest)

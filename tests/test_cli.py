@@ -209,3 +209,32 @@ def test_up_says_it_is_starting_the_engine_before_the_wait(monkeypatch, capsys):
     assert main(["up"]) == 0
     assert "starting the engine on port 8999 (tiny-agent)" in engine.printed_before_start
     assert "engine ready after" in capsys.readouterr().out
+
+
+def test_up_switches_the_running_engine_to_model_name_and_refuses_a_name_not_shipped(monkeypatch, capsys):
+    import socket
+
+    from fake_engine_server import use_fake_engine
+
+    from helpers.local_engine import LocalEngine
+    from helpers.settings import load_settings
+
+    use_fake_engine(monkeypatch)  # the engine's server is tests/fake_engine_server.py: no vLLM
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("WORKSHOP_PORT", str(sock.getsockname()[1]))
+    engine = LocalEngine(load_settings())
+    try:
+        assert main(["up", "--timeout", "60"]) == 0
+        assert engine.served_models() == ["tiny-agent"]
+        monkeypatch.setenv("MODEL_NAME", "tiny-moe")
+        assert main(["up", "--timeout", "60"]) == 0
+        out = capsys.readouterr().out
+        assert "serving 'tiny-moe'" in out and "already running" not in out and engine.served_models() == ["tiny-moe"]
+        monkeypatch.setenv("MODEL_NAME", "no-such-model")
+        assert main(["up", "--timeout", "60"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: Model 'no-such-model' is neither a model shipped in models/ (tiny-agent")
+        assert err.count("\n") == 1 and engine.served_models() == ["tiny-moe"]
+    finally:
+        engine.stop()

