@@ -46,7 +46,16 @@ def platform_args(machine: str, python: str) -> list[str]:
             "--abi", f"cp{digits}", "--abi", "abi3", "--abi", "none", "--only-binary=:all:"]
 
 
-def dry_run(requirements: list[str], machine: str, python: str, torch_index: str, no_deps: bool = False
+def index_answers(url: str) -> tuple[bool, str]:
+    """Whether an index answers a look-up of torch within seconds (one try: an unreachable index costs pip
+    minutes of retries on every page); its last error line when it does not."""
+    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "torch", "--index-url", url,
+                           "--timeout", "10", "--retries", "0"], capture_output=True, text=True, timeout=120,
+                          env=stock_env())
+    return done.returncode == 0, ([l for l in done.stderr.splitlines() if l.strip()] or ["no message"])[-1]
+
+
+def dry_run(requirements: list[str], machine: str, python: str, torch_index: str | None, no_deps: bool = False
             ) -> tuple[bool, str, dict[str, str]]:
     """Resolve ``requirements`` for the platform; (ok, pip's last error line, name -> version chosen)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -54,7 +63,8 @@ def dry_run(requirements: list[str], machine: str, python: str, torch_index: str
         pins.write_text("\n".join(requirements) + "\n")
         command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                    "--target", str(Path(folder) / "target"), "--report", str(report), "-r", str(pins),
-                   "--extra-index-url", torch_index, *platform_args(machine, python), *(["--no-deps"] if no_deps else [])]
+                   *(["--extra-index-url", torch_index] if torch_index else []), *platform_args(machine, python),
+                   *(["--no-deps"] if no_deps else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=stock_env())
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or ["no message"]
@@ -63,7 +73,7 @@ def dry_run(requirements: list[str], machine: str, python: str, torch_index: str
         return True, "", chosen
 
 
-def check(profile: str, machine: str, python: str, torch_index: str) -> dict:
+def check(profile: str, machine: str, python: str, torch_index: str | None) -> dict:
     """What resolving one profile for one machine showed."""
     source = install.SOURCE
     pins_name = install.PROFILES[profile]
@@ -97,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="3.11", help="the Python version to resolve for (default 3.11)")
     args = parser.parse_args(argv)
     torch_index = os.environ.get("TORCH_CPU_INDEX") or install.DEFAULT_TORCH_CPU_INDEX
+    answers, why = index_answers(torch_index)
+    if not answers:
+        print(json.dumps({"torch_cpu_index": torch_index, "answers": False, "error": why}))
+        torch_index = None  # resolve without it; what needs it is reported as not checked
     results = [check(p, m, args.python, torch_index) for p in args.profiles for m in args.machines]
     for result in results:
         print(json.dumps(result))
