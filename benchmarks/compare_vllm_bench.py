@@ -37,10 +37,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.bench_results import summarize
-from helpers.session import make_engine
-from helpers.loadgen import Load, Workload, prompt_factory, run_load
-from helpers.settings import load_settings
+from helpers.measure.bench_results import summarize
+from helpers.engine.session import make_engine
+from helpers.measure.loadgen import Load, Workload, prompt_factory, run_load
+from helpers.core.settings import load_settings
 
 FIELDS = ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
           "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
@@ -57,8 +57,8 @@ def write_prompts(settings, model: str, count: int, input_len: int, path: Path) 
 
 def run_vllm_bench(settings, model: str, tokenizer: str, dataset: Path, concurrency: int,
                    args: argparse.Namespace, out_dir: Path, tag: str) -> dict:
-    """One ``vllm bench serve`` run (through helpers.vllm_cli) on the dataset; returns its --save-result JSON."""
-    cmd = [sys.executable, "-m", "helpers.vllm_cli", "bench", "serve", "--backend", "openai-chat",
+    """One ``vllm bench serve`` run (through helpers.engine.vllm_cli) on the dataset; returns its --save-result JSON."""
+    cmd = [sys.executable, "-m", "helpers.engine.vllm_cli", "bench", "serve", "--backend", "openai-chat",
            "--base-url", settings.root_url, "--endpoint", "/v1/chat/completions", "--model", model,
            "--tokenizer", tokenizer, "--dataset-name", "custom", "--dataset-path", str(dataset),
            "--skip-chat-template", "--disable-shuffle", "--custom-output-len", str(args.output_len),

@@ -13,9 +13,9 @@ import statistics
 import tempfile
 import time
 
-from helpers.session import connect
-from helpers.settings import load_settings
-from helpers.stream_timing import stream_chat
+from helpers.engine.session import connect
+from helpers.core.settings import load_settings
+from helpers.measure.stream_timing import stream_chat
 
 
 def main() -> None:

@@ -219,7 +219,7 @@ def repair_torch_companions() -> None:
 VERIFY = """
 import importlib.util, sys
 profile = sys.argv[1]
-import helpers, helpers.session  # noqa: E401,F401  the package and what a notebook starts with
+import helpers, helpers.engine.session  # noqa: E401,F401  the package and what a notebook starts with
 import torch
 cuda = torch.version.cuda is not None
 has_vllm = importlib.util.find_spec("vllm") is not None

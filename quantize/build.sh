@@ -8,7 +8,7 @@ VENV="${QUANTIZE_VENV:-build/quantize-venv}"
 if [ ! -f "$VENV/.installed" ] || [ quantize/requirements.txt -nt "$VENV/.installed" ]; then
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install -r quantize/requirements.txt
-    "$VENV/bin/pip" install --no-deps -e .   # helpers.corpus renders the calibration conversations
+    "$VENV/bin/pip" install --no-deps -e .   # helpers.tiny.corpus renders the calibration conversations
     touch "$VENV/.installed"
 fi
 "$VENV/bin/python" quantize/quantize_tiny.py --source models/tiny-agent --out-root models "$@"

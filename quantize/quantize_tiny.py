@@ -13,7 +13,7 @@ seconds, the source weights' SHA-256). Which variants vLLM's CPU build serves, a
 - ``w8a8``: compressed-tensors INT8 W8A8, per-channel weights, dynamic per-token activations.
 - ``w4a16``: compressed-tensors W4A16, int4 weights in groups of 128, packed into int32.
 - ``gptq-int4``: GPTQ-format int4 (``quant_method: gptq``, group 128, symmetric) written by
-  auto-round (installed with llmcompressor), tuned on conversations rendered from ``helpers.corpus``.
+  auto-round (installed with llmcompressor), tuned on conversations rendered from ``helpers.tiny.corpus``.
 
 Every variant keeps ``lm_head`` (tied to the embeddings) and the embeddings in BF16.
 """
@@ -72,8 +72,8 @@ def load_bf16(source: Path):
 
 def calibration_texts(n: int = CALIBRATION_TEXTS, seed: int = CALIBRATION_SEED) -> list[str]:
     """Agent conversations rendered with the chat template, as the model saw them in training."""
-    from helpers import corpus
-    from helpers.tiny_models import conversation_text
+    from helpers.tiny import corpus
+    from helpers.tiny.build import conversation_text
 
     stream = corpus.training_conversations(seed)
     return [conversation_text(messages, with_tools)[0] for messages, with_tools in itertools.islice(stream, n)]
@@ -111,7 +111,7 @@ def autoround_gptq(source: Path, out: Path) -> dict[str, Any]:
     shutil.rmtree(staging)
     return {"algorithm": f"AutoRound ({AUTOROUND_ITERS} iterations), exported as auto_gptq",
             "calibration_samples": CALIBRATION_SAMPLES, "calibration_seqlen": CALIBRATION_SEQLEN,
-            "calibration_source": f"helpers.corpus.training_conversations(seed={CALIBRATION_SEED})"}
+            "calibration_source": f"helpers.tiny.corpus.training_conversations(seed={CALIBRATION_SEED})"}
 
 
 VARIANTS: dict[str, Variant] = {v.suffix: v for v in (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.settings import CONTRACT_VARIABLES
+from helpers.core.settings import CONTRACT_VARIABLES
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ from typing import Any
 
 def use_fake_engine(monkeypatch: Any) -> None:
     """Local engines started in this test run this module instead of vLLM (``monkeypatch``: pytest's fixture)."""
-    from helpers import local_engine
+    from helpers.engine import local as local_engine
 
     monkeypatch.setattr(local_engine, "SERVER_MODULE", "fake_engine_server")
     here = str(Path(__file__).resolve().parent)

@@ -4,9 +4,9 @@ both ways (independent guesses, a draft that sticks once right, one that fades).
 import pandas as pd
 import pytest
 
-from helpers.acceptance import (expected_accepted_length, expected_length_table, formula_conclusion,
+from helpers.planning.acceptance import (expected_accepted_length, expected_length_table, formula_conclusion,
                                 length_gain_outcome, more_guesses)
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 
 
 def test_the_formula_at_its_limits_and_a_known_value():

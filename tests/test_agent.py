@@ -1,7 +1,7 @@
 """The agent's context-tax conclusion, fed numbers both ways (the loop itself runs against the engine)."""
 
-from helpers.agent import conclude_context_growth
-from helpers.conclusion import NOT_SHOWN, SHOWN
+from helpers.evals.agent import conclude_context_growth
+from helpers.core.conclusion import NOT_SHOWN, SHOWN
 
 
 def test_growing_prompt_is_shown():
@@ -19,7 +19,7 @@ def test_one_call_is_not_enough():
 
 
 def test_the_tool_tax_outcome_goes_both_ways():
-    from helpers.agent import tool_tax_outcome
+    from helpers.evals.agent import tool_tax_outcome
 
     outcome, detail = tool_tax_outcome(20, 260, 4)
     assert outcome == "more" and "+240 tokens (+60 per tool)" in detail

@@ -4,14 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import attention
-from helpers.conclusion import NOT_SHOWN, SHOWN
+from helpers.lessons.l03 import attention
+from helpers.core.conclusion import NOT_SHOWN, SHOWN
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from helpers.generation_loop import load_model
-    from helpers.settings import models_dir
+    from helpers.lessons.l03.generation_loop import load_model
+    from helpers.core.settings import models_dir
 
     return load_model(models_dir() / "tiny-agent")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import MODEL, FakeVllm
 
-from helpers import bench_cli
+from helpers.cli import bench as bench_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 

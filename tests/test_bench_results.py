@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers.bench_results import (client_lag_warning, load_json, requests_frame, save_csv, save_json, summarize,
+from helpers.measure.bench_results import (client_lag_warning, load_json, requests_frame, save_csv, save_json, summarize,
                                    sweep_table)
-from helpers.loadgen import Load, LoadResult, RequestRecord, Workload
-from helpers.stream_timing import StreamTiming
+from helpers.measure.loadgen import Load, LoadResult, RequestRecord, Workload
+from helpers.measure.stream_timing import StreamTiming
 
 
 def timing(t_scheduled, t_sent, chunks, t_done, prompt_tokens, error=None):

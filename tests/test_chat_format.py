@@ -4,10 +4,10 @@ import itertools
 
 import pytest
 
-from helpers import chat_format as cf
-from helpers import corpus
-from helpers.settings import models_dir
-from helpers.tools import TOOLS
+from helpers.tiny import chat_format as cf
+from helpers.tiny import corpus
+from helpers.core.settings import models_dir
+from helpers.tiny.tools import TOOLS
 
 
 @pytest.fixture(scope="module")

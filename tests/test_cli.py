@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli
-from helpers.cli import main
-from helpers.notebooks import NOTEBOOK_DIR, NotebookRun
+from helpers.cli import main as cli
+from helpers.cli.main import main
+from helpers.lab.notebooks import NOTEBOOK_DIR, NotebookRun
 
 
 def test_status_json_without_an_engine(capsys, monkeypatch):
@@ -36,7 +36,7 @@ def test_down_without_engine(capsys, monkeypatch):
 
 
 def test_lab_passes_unknown_arguments_to_jupyterlab(monkeypatch):
-    import helpers.cli as cli
+    import helpers.cli.main as cli
 
     seen = {}
 
@@ -114,7 +114,7 @@ def no_engine(monkeypatch):
         return NotebookRun(Path(path), out_dir / Path(path).name, 0.1)
 
     monkeypatch.setattr(cli, "connect", fake_connect)
-    monkeypatch.setattr("helpers.notebooks.run_notebook", fake_run)
+    monkeypatch.setattr("helpers.lab.notebooks.run_notebook", fake_run)
     return calls
 
 
@@ -186,7 +186,7 @@ def test_heldout_refuses_an_output_path_it_could_not_write_before_connecting(cap
 def test_up_says_it_is_starting_the_engine_before_the_wait(monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from helpers.local_engine import LocalEngine
+    from helpers.engine.local import LocalEngine
 
     class Starting(LocalEngine):
         pid, model = 4321, "tiny-agent"
@@ -216,8 +216,8 @@ def test_up_switches_the_running_engine_to_model_name_and_refuses_a_name_not_shi
 
     from fake_engine_server import use_fake_engine
 
-    from helpers.local_engine import LocalEngine
-    from helpers.settings import load_settings
+    from helpers.engine.local import LocalEngine
+    from helpers.core.settings import load_settings
 
     use_fake_engine(monkeypatch)  # the engine's server is tests/fake_engine_server.py: no vLLM
     with socket.socket() as sock:

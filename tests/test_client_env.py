@@ -18,16 +18,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.notebooks import REPO_ROOT, workshop_notebooks
-from helpers.session import connect
-from helpers.settings import CONTRACT_VARIABLES, load_settings
+from helpers.lab.notebooks import REPO_ROOT, workshop_notebooks
+from helpers.engine.session import connect
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 
 INSTALL = REPO_ROOT / "install" / "install.py"
 PORT = str(int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 11)  # beside the other engine tests' ports
 
 
 def notebook_helper_modules() -> list[str]:
-    """Every ``helpers`` module the numbered notebooks import (``import helpers.x``, ``from helpers import x``)."""
+    """Every ``helpers`` module the numbered notebooks import (``import helpers.x.y``, ``from helpers.x import y``)."""
     modules = set()
     for path in workshop_notebooks():
         for cell in nbformat.read(path, as_version=4).cells:
@@ -39,9 +39,9 @@ def notebook_helper_modules() -> list[str]:
                     modules.update(a.name for a in node.names if a.name.split(".")[0] == "helpers")
                 elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "helpers":
                     modules.add(node.module)
-                    if node.module == "helpers":
-                        modules.update(f"helpers.{a.name}" for a in node.names
-                                       if (REPO_ROOT / "helpers" / f"{a.name}.py").is_file())
+                    base = REPO_ROOT.joinpath(*node.module.split("."))  # from helpers.lessons import plots
+                    modules.update(f"{node.module}.{a.name}" for a in node.names
+                                   if (base / f"{a.name}.py").is_file() or (base / a.name / "__init__.py").is_file())
     return sorted(modules)
 
 
@@ -76,11 +76,11 @@ def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):
 
 def test_the_notebooks_import_helper_modules_that_this_test_finds():
     found = notebook_helper_modules()
-    assert {"helpers.session", "helpers.stream_timing", "helpers.generation_loop", "helpers.plots"} <= set(found)
+    assert {"helpers.engine.session", "helpers.measure.stream_timing", "helpers.lessons.l03.generation_loop", "helpers.lessons.plots"} <= set(found)
 
 
 def test_client_env_has_no_vllm_and_imports_every_helper_module_a_notebook_uses(client_python):
-    modules = [*notebook_helper_modules(), "helpers.cli"]  # the workshop command, too
+    modules = [*notebook_helper_modules(), "helpers.cli.main"]  # the workshop command, too
     probe = ("import importlib, importlib.util, sys\n"
              f"for name in {modules!r}:\n"
              "    importlib.import_module(name)\n"

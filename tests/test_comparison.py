@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.comparison import BETTER, SAME, UNKNOWN, WORSE, compare_samples, interleave, relative_spread
+from helpers.core.comparison import BETTER, SAME, UNKNOWN, WORSE, compare_samples, interleave, relative_spread
 
 
 def test_a_difference_beyond_the_spread_is_a_win_or_a_loss_by_direction():

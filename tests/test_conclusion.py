@@ -1,6 +1,6 @@
 """The conclusion type every notebook prints: its verdict tag and its plural."""
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
 
 
 def test_printed_form_carries_verdict_and_expectation():

@@ -1,8 +1,8 @@
 import itertools
 import json
 
-from helpers import corpus
-from helpers.tools import TOOL_NAMES, city_catalog
+from helpers.tiny import corpus
+from helpers.tiny.tools import TOOL_NAMES, city_catalog
 
 
 def test_heldout_phrasings_never_appear_in_training():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers import cost
+from helpers.planning import cost
 
 
 def test_usd_per_million_tokens_and_api_cost() -> None:
@@ -44,7 +44,7 @@ def test_price_latency_frame_and_plot() -> None:
 
 
 def test_reasoning_cost_scales_with_all_decoded_tokens():
-    from helpers.cost import reasoning_cost
+    from helpers.planning.cost import reasoning_cost
 
     r = reasoning_cost(answer_tokens=200, reasoning_tokens=1800, tpot_s=0.02, usd_per_m_output=10.0)
     assert r["factor"] == 10.0

@@ -14,13 +14,13 @@ import warnings
 import nbformat
 import pytest
 
-from helpers.agent import run_agent
-from helpers.engine import EngineStartError
-from helpers.vllm_args import flag_value
-from helpers.machine import capability
-from helpers.notebooks import LONG_CELL_S, REPO_ROOT, run_notebook
-from helpers.session import EndpointError, connect
-from helpers.settings import CONTRACT_VARIABLES, load_settings
+from helpers.evals.agent import run_agent
+from helpers.engine.interface import EngineStartError
+from helpers.core.vllm_args import flag_value
+from helpers.hardware.machine import capability
+from helpers.lab.notebooks import LONG_CELL_S, REPO_ROOT, run_notebook
+from helpers.engine.session import EndpointError, connect
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 
 pytestmark = pytest.mark.engine
 PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")  # another port lets two suites run side by side
@@ -109,8 +109,8 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
 
 
 def test_planner_predicts_vllm_kv_capacity_to_the_token(lab):
-    from helpers.memory import compare_with_engine, predict_cpu_engine_kv
-    from helpers.server_metrics import scrape
+    from helpers.planning.memory import compare_with_engine, predict_cpu_engine_kv
+    from helpers.measure.server_metrics import scrape
 
     predicted = predict_cpu_engine_kv(lab.engine.config().model, lab.engine.args())
     reported = scrape(lab.settings.metrics_url).cache_config()
@@ -305,7 +305,7 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
 
 
 def test_eval_smoke_suite_runs_through_vllm_and_scores_every_category(lab, tmp_path):
-    from helpers import evals
+    from helpers.evals import suite as evals
 
     run = evals.run_suite(lab, "smoke")
     summary = run.summary()

@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.engine import EngineError, default_config
-from helpers.local_engine import (STATE_MARK, LocalEngine, end_processes, parse_state, port_holder, port_lock, start_phase,
+from helpers.engine.interface import EngineError, default_config
+from helpers.engine.local import (STATE_MARK, LocalEngine, end_processes, parse_state, port_holder, port_lock, start_phase,
                                   session_members)
-from helpers.session import connect
-from helpers.settings import CONTRACT_VARIABLES, load_settings, state_dir
+from helpers.engine.session import connect
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings, state_dir
 
 PORT = int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 7  # beside the integration suite's port
 
@@ -166,7 +166,7 @@ def keyed(env, monkeypatch):
     return env
 
 
-STARTER = ("from helpers.local_engine import LocalEngine; from helpers.settings import load_settings; "
+STARTER = ("from helpers.engine.local import LocalEngine; from helpers.core.settings import load_settings; "
            "e = LocalEngine(load_settings()); e.start(); print('PID', e.pid, flush=True)")
 
 
@@ -245,7 +245,7 @@ def test_the_start_phase_follows_the_servers_log():
 
 
 def test_workshop_status_and_down_report_a_damaged_state_file(capsys, monkeypatch):
-    from helpers.cli import main
+    from helpers.cli.main import main
 
     port = _free_port()
     monkeypatch.setenv("WORKSHOP_PORT", str(port))

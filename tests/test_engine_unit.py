@@ -7,10 +7,10 @@ import time
 import pytest
 from fake_vllm import serve_json
 
-from helpers.engine import EngineError, ExternalEngine, default_config, log_excerpt, resolve_model
-from helpers.local_engine import LocalEngine
-from helpers.vllm_args import EngineConfig, flag_value
-from helpers.settings import load_settings
+from helpers.engine.interface import EngineError, ExternalEngine, default_config, log_excerpt, resolve_model
+from helpers.engine.local import LocalEngine
+from helpers.core.vllm_args import EngineConfig, flag_value
+from helpers.core.settings import load_settings
 
 def test_log_excerpt_keeps_the_error_and_drops_argparse_usage():
     log = "\n".join(["INFO starting", "usage: api_server.py [-h]", "                [--log-error-stack]",

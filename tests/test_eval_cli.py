@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import eval_cli
-from helpers.cli import main
+from helpers.cli import eval as eval_cli
+from helpers.cli.main import main
 
 
 def test_compare_with_a_missing_or_folder_file_is_one_line(capsys, tmp_path):

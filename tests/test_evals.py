@@ -16,12 +16,14 @@ import openai
 import pandas as pd
 import pytest
 
-from helpers import corpus, eval_cli, evals
-from helpers.evals import EvalRun, EvalSettings, Reply, Task
-from helpers.session import EndpointError, Lab, make_client, make_engine
-from helpers.settings import load_settings
-from helpers.toolcall_eval import wilson_interval
-from helpers.tools import TOOL_NAMES, call_tool, city_catalog
+from helpers.tiny import corpus
+from helpers.cli import eval as eval_cli
+from helpers.evals import suite as evals
+from helpers.evals.suite import EvalRun, EvalSettings, Reply, Task
+from helpers.engine.session import EndpointError, Lab, make_client, make_engine
+from helpers.core.settings import load_settings
+from helpers.evals.toolcall import wilson_interval
+from helpers.tiny.tools import TOOL_NAMES, call_tool, city_catalog
 
 SECRET = "sk-secret-eval-key"
 MODEL = "fake-model"
@@ -429,7 +431,7 @@ def test_eval_command_errors_are_one_line_exit_2(monkeypatch, capsys):
 
 
 def test_eval_is_registered_in_the_workshop_command():
-    from helpers.cli import build_parser
+    from helpers.cli.main import build_parser
 
     args = build_parser().parse_args(["eval", "--compare", "a.json", "b.json"])
     assert args.func is eval_cli.run_eval and args.compare == ["a.json", "b.json"]

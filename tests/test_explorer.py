@@ -11,9 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import explorer  # noqa: E402
-from helpers.gpus import GPUS  # noqa: E402
-from helpers.memory import GIB  # noqa: E402
+from helpers.lessons import l02_memory as explorer  # noqa: E402
+from helpers.hardware.gpus import GPUS  # noqa: E402
+from helpers.planning.memory import GIB  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

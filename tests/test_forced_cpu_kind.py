@@ -1,5 +1,5 @@
 """The AVX2-only path, exercised on any x86 machine: ``WORKSHOP_CPU_ISA=avx2`` makes the probe and the
-real vLLM server answer as an AVX2-only CPU does (helpers/forced_isa.py), so what fails there fails here,
+real vLLM server answer as an AVX2-only CPU does (helpers/hardware/forced_isa.py), so what fails there fails here,
 and the kit must say so and go on.
 
 An AVX2-only EPYC showed: the W4A16 and GPTQ-int4 variants start and then fail their first request
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.engine import EngineStartError
-from helpers.vllm_args import flag_value
-from helpers.notebooks import REPO_ROOT, run_notebook
-from helpers.session import connect
-from helpers.settings import CONTRACT_VARIABLES, load_settings
+from helpers.engine.interface import EngineStartError
+from helpers.core.vllm_args import flag_value
+from helpers.lab.notebooks import REPO_ROOT, run_notebook
+from helpers.engine.session import connect
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 
 pytestmark = pytest.mark.engine
 PORT = os.environ.get("WORKSHOP_FORCED_TEST_PORT", "8768")

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from helpers.conclusion import NOT_SHOWN, SHOWN
-from helpers.generation_loop import conclude_loops
+from helpers.core.conclusion import NOT_SHOWN, SHOWN
+from helpers.lessons.l03.generation_loop import conclude_loops
 
 
 def steps(with_s, without_s, tokens_with=(1, 2, 3), tokens_without=(1, 2, 3)):
@@ -23,7 +23,7 @@ def test_no_saving_or_different_tokens_is_not_shown():
 
 
 def test_loop_summary_says_whether_the_tokens_match():
-    from helpers.generation_loop import loop_summary
+    from helpers.lessons.l03.generation_loop import loop_summary
 
     same, table = loop_summary(steps([0.01, 0.01, 0.01], [0.02, 0.03, 0.04]))
     assert same and table.loc["without", "last_step_ms"] == 40.0 and table.loc["with KV cache", "total_s"] == 0.03

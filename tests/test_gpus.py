@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers.gpus import GPUS, get_gpu
+from helpers.hardware.gpus import GPUS, get_gpu
 
 
 def test_an_80gb_h100_reports_about_79_6_gib():

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import provision as pv
-from helpers.notebooks import REPO_ROOT
-from helpers.workspace import START_HERE, lesson_files
-from helpers.provision_cli import main as provision_main
+from helpers.cluster import provision as pv
+from helpers.lab.notebooks import REPO_ROOT
+from helpers.lab.workspace import START_HERE, lesson_files
+from helpers.cli.provision import main as provision_main
 
 IMAGES = REPO_ROOT / "images" / "notebook"
 CONTAINERFILE = IMAGES / "Containerfile"

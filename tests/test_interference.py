@@ -1,8 +1,8 @@
 """The prefill-stall conclusions, fed made-up stream timings that go each way."""
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.interference import StallResult, conclude_stall
-from helpers.stream_timing import StreamTiming
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.lessons.l03.interference import StallResult, conclude_stall
+from helpers.measure.stream_timing import StreamTiming
 
 
 def stall_run(steady_s=0.02, stall_s=1.0, prefill_s=1.0, prompt_tokens=3500):
@@ -67,9 +67,9 @@ def test_one_measured_budget_says_chunking_was_not_compared():
 def test_an_endpoint_run_elsewhere_is_measured_on_its_own_budget_only(monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from helpers import interference
-    from helpers.engine import ExternalEngine
-    from helpers.settings import load_settings
+    from helpers.lessons.l03 import interference
+    from helpers.engine.interface import ExternalEngine
+    from helpers.core.settings import load_settings
 
     settings = load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1"})
     lab = SimpleNamespace(settings=settings, engine=ExternalEngine(settings))

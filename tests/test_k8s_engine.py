@@ -27,12 +27,12 @@ import pytest
 import yaml
 from fake_vllm import FakeVllm
 
-from helpers import k8s_engine as ke
-from helpers.engine import EngineError, EngineStartError, default_config
-from helpers.session import EndpointError, connect, make_engine
-from helpers.vllm_args import EngineConfig, flag_value
-from helpers.provision import K8S_DIR
-from helpers.settings import load_settings
+from helpers.engine import k8s as ke
+from helpers.engine.interface import EngineError, EngineStartError, default_config
+from helpers.engine.session import EndpointError, connect, make_engine
+from helpers.core.vllm_args import EngineConfig, flag_value
+from helpers.cluster.provision import K8S_DIR
+from helpers.core.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NS = "ws-01"

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import provision as pv
-from helpers.engine import default_config
-from helpers.provision_cli import main as provision_main
-from helpers.settings import load_settings
+from helpers.cluster import provision as pv
+from helpers.engine.interface import default_config
+from helpers.cli.provision import main as provision_main
+from helpers.core.settings import load_settings
 
 K8S = pv.K8S_DIR
 K8S_VERSION = "1.33"  # the oldest minor release the kit targets; schemas ship with kubernetes-validate

@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.kv_cache import conclude_agent_cache, conclude_kv_peak, conclude_prefix_cache, expected_blocks
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.lessons.l03.kv_cache import conclude_agent_cache, conclude_kv_peak, conclude_prefix_cache, expected_blocks
 
 
 def test_peak_within_the_request_blocks_is_shown():
@@ -50,7 +50,7 @@ def _break_rows(cold, warm, broken, prompt_tokens=300):
 
 
 def test_break_the_cache_conclusion_both_ways():
-    from helpers.kv_cache import conclude_break_cache
+    from helpers.lessons.l03.kv_cache import conclude_break_cache
 
     broken = conclude_break_cache(_break_rows(0, 256, 0), block_size=128)
     assert broken.verdict == SHOWN and "none of it" in broken.text
@@ -63,7 +63,7 @@ def test_break_the_cache_conclusion_both_ways():
 
 
 def test_break_the_cache_refuses_a_position_outside_the_prefix():
-    from helpers.kv_cache import measure_break_cache
+    from helpers.lessons.l03.kv_cache import measure_break_cache
 
     with pytest.raises(ValueError, match="inside the prefix"):
         measure_break_cache(None, 10, 10)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
-from helpers.lesson import NOT_SEEN, SEEN, UNDECIDED, check_prediction, ratio_outcome, should_see, should_see_conclusion
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.lesson import NOT_SEEN, SEEN, UNDECIDED, check_prediction, ratio_outcome, should_see, should_see_conclusion
 
 
 @pytest.mark.parametrize("seen, outcome", [(True, SEEN), (np.bool_(False), NOT_SEEN), (None, UNDECIDED),

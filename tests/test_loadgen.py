@@ -11,9 +11,9 @@ import time
 import pytest
 from fake_vllm import MODEL, FakeVllm
 
-from helpers.bench_results import summarize
-from helpers.loadgen import (Load, LoadError, Workload, arrival_offsets, arun_load, run_load, run_sweep)
-from helpers.settings import Settings
+from helpers.measure.bench_results import summarize
+from helpers.measure.loadgen import (Load, LoadError, Workload, arrival_offsets, arun_load, run_load, run_sweep)
+from helpers.core.settings import Settings
 
 
 @pytest.fixture

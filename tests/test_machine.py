@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import machine
-from helpers.forced_isa import engine_environment, torch_cpu_answers
-from helpers.machine import CpuInfo, QuietReport, capability, force_flags, judge_quiet, model_feature
-from helpers.settings import models_dir
+from helpers.hardware import machine
+from helpers.hardware.forced_isa import engine_environment, torch_cpu_answers
+from helpers.hardware.machine import CpuInfo, QuietReport, capability, force_flags, judge_quiet, model_feature
+from helpers.core.settings import models_dir
 
 AVX512_BOX = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni amx_tile amx_bf16".split())
 EPYC_AVX2 = frozenset("fpu sse avx avx2 fma sha_ni".split())

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import manifest_change as mc
-from helpers.engine import Engine
-from helpers.provision import K8S_DIR
-from helpers.vllm_args import EngineConfig, flag_value, with_flag
+from helpers.engine import k8s_change as mc
+from helpers.engine.interface import Engine
+from helpers.cluster.provision import K8S_DIR
+from helpers.core.vllm_args import EngineConfig, flag_value, with_flag
 
 CONFIG = EngineConfig(model="/home/me/models/tiny-agent", served_name="tiny-agent",
                       args=("--max-model-len", "4096", "--max-num-seqs", "16"))

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.memory import REFERENCE_CONFIGS
-from helpers import memory
+from helpers.planning.memory import REFERENCE_CONFIGS
+from helpers.planning import memory
 
 CONFIGS = REFERENCE_CONFIGS
 
@@ -29,7 +29,7 @@ MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json (the fields the plan
     "vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 32768, "sliding_window": None,
 }
 
-TINY_QWEN3 = {  # the workshop's tiny model (helpers.tiny_models.ModelShape), as in cpu-lab.md
+TINY_QWEN3 = {  # the workshop's tiny model (helpers.tiny.build.ModelShape), as in cpu-lab.md
     "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1536 + 2000,
     "tie_word_embeddings": True, "max_position_embeddings": 4096,
@@ -349,7 +349,7 @@ def test_config_errors_say_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_predict_cpu_engine_kv_reads_the_engine_flags():
-    from helpers.memory import compare_with_engine, predict_cpu_engine_kv
+    from helpers.planning.memory import compare_with_engine, predict_cpu_engine_kv
 
     args = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
     predicted = predict_cpu_engine_kv(REFERENCE_CONFIGS / "Qwen3-0.6B.json", args)
@@ -364,7 +364,7 @@ def test_predict_cpu_engine_kv_reads_the_engine_flags():
 
 # ---------------------------------------------------------------- GiB rows, fit verdicts and conclusions
 
-from helpers.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
+from helpers.core.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
 
 
 def _rows(gpu="RTX 4000 Ada", model="Qwen3-4B", max_model_len=16384):
@@ -452,8 +452,8 @@ def test_a_config_that_leaves_something_out_gets_a_note_saying_what_was_assumed(
 
 
 def test_engine_comparison_predicts_only_when_the_engine_flags_and_model_config_are_here():
-    from helpers.memory import conclude_engine_comparison, engine_comparison
-    from helpers.settings import models_dir
+    from helpers.planning.memory import conclude_engine_comparison, engine_comparison
+    from helpers.core.settings import models_dir
 
     reported = {"num_gpu_blocks": 4096, "block_size": 128, "kv_cache_size_tokens": 524288}
     args = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30)]
@@ -472,7 +472,7 @@ def _conv_row(kv_tokens, conversations, at_max_len, fits=True, **extra):
 
 
 def test_conversations_outcome_names_the_change_or_the_refusal():
-    from helpers.memory import CONVERSATION_CHOICES, conversations_outcome
+    from helpers.planning.memory import CONVERSATION_CHOICES, conversations_outcome
 
     before = _conv_row(65840, 8, 4)
     assert conversations_outcome(before, _conv_row(131696, 16, 8), 8192)[0] == "about twice as many or more"
@@ -487,7 +487,7 @@ def test_conversations_outcome_names_the_change_or_the_refusal():
 def test_larger_gpus_hold_more_is_judged_on_the_counts():
     import pandas as pd
 
-    from helpers.memory import larger_gpus_hold_more
+    from helpers.planning.memory import larger_gpus_hold_more
 
     rows = pd.DataFrame({"gpu": ["A", "B", "C"], "memory_gib": [20.0, 80.0, 40.0], "weights_gib": [7.5] * 3,
                          "fits": [True] * 3, "conversations_of_8192_tokens": [2, 30, 12]})

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.moe import conclude_dense_vs_moe, conclude_roofline_fit, decode_table, moe_gpu_caveat
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.lessons.l04_moe import conclude_dense_vs_moe, conclude_roofline_fit, decode_table, moe_gpu_caveat
 
 
 def runs(dense, moe, batch=4, mbu=0.01):
@@ -44,7 +44,7 @@ def test_runs_that_disagree_among_themselves_compare_nothing():
 
 
 def test_paper_conclusion_says_whether_the_advantage_is_gone():
-    from helpers.moe import conclude_moe_on_paper
+    from helpers.lessons.l04_moe import conclude_moe_on_paper
 
     paper = {"dense": {"total_params_B": 4.0, "bytes_read_batch1_GB": 8.0},
              "moe": {"total_params_B": 30.5, "active_params_B": 3.3, "bytes_read_batch1_GB": 6.7, "bf16_weights_GB": 61.0}}
@@ -64,9 +64,9 @@ def test_an_endpoint_run_elsewhere_is_measured_on_the_tiny_models_it_serves(monk
 
     import pytest
 
-    from helpers import moe
-    from helpers.engine import ExternalEngine
-    from helpers.settings import load_settings
+    from helpers.lessons import l04_moe as moe
+    from helpers.engine.interface import ExternalEngine
+    from helpers.core.settings import load_settings
 
     settings = load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1"})
     engine = ExternalEngine(settings)
@@ -82,8 +82,8 @@ def test_an_endpoint_run_elsewhere_is_measured_on_the_tiny_models_it_serves(monk
 
 
 def test_paper_and_fade_tables_from_the_published_configs():
-    from helpers.gpus import get_gpu
-    from helpers.moe import fade_table, paper_table
+    from helpers.hardware.gpus import get_gpu
+    from helpers.lessons.l04_moe import fade_table, paper_table
 
     paper = paper_table(["Qwen3-4B", "Qwen3-30B-A3B"], get_gpu("H100 SXM"))
     moe, dense = paper["Qwen3-30B-A3B"], paper["Qwen3-4B"]
@@ -94,7 +94,7 @@ def test_paper_and_fade_tables_from_the_published_configs():
 
 
 def test_experts_share_outcome_bands():
-    from helpers.moe import experts_share_outcome
+    from helpers.lessons.l04_moe import experts_share_outcome
 
     assert experts_share_outcome(8, 128) == "a few (under 25%)"
     assert experts_share_outcome(64, 128) == "about half (25-75%)"

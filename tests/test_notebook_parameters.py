@@ -5,7 +5,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from helpers.notebooks import (NOT_A_LITERAL, ParameterError, check_parameters, coerce_parameter, notebook_parameters,
+from helpers.lab.notebooks import (NOT_A_LITERAL, ParameterError, check_parameters, coerce_parameter, notebook_parameters,
                                parse_parameters, workshop_notebooks)
 
 

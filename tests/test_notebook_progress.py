@@ -5,9 +5,9 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from helpers import progress
-from helpers.comparison import interleave
-from helpers.notebooks import LONG_CELL_S, cell_seconds, shows_progress, silent_long_cells
+from helpers.core import progress
+from helpers.core.comparison import interleave
+from helpers.lab.notebooks import LONG_CELL_S, cell_seconds, shows_progress, silent_long_cells
 
 
 def _cell(source: str, seconds: float | None, outputs: list[dict] | None = None) -> nbformat.NotebookNode:
@@ -80,7 +80,7 @@ def test_interleave_shows_each_configuration_and_round(capsys):
 
 
 def test_a_headless_run_shows_a_bar_of_the_cells_with_the_section_being_run(tmp_path, capsys):
-    from helpers.notebooks import cell_sections, run_notebook
+    from helpers.lab.notebooks import cell_sections, run_notebook
 
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# 09 · A test"), nbformat.v4.new_code_cell("x = 1"),

@@ -8,7 +8,7 @@ import statistics
 import nbformat
 import pytest
 
-from helpers.notebooks import NOTEBOOK_DIR, workshop_notebooks
+from helpers.lab.notebooks import NOTEBOOK_DIR, workshop_notebooks
 
 NOTEBOOKS = workshop_notebooks()
 MEDIAN_CODE_LINES = 8

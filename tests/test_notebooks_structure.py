@@ -5,7 +5,7 @@ import re
 import nbformat
 import pytest
 
-from helpers.notebooks import NOTEBOOK_DIR, inject_parameters, parameters_cell_index, parse_parameters, workshop_notebooks
+from helpers.lab.notebooks import NOTEBOOK_DIR, inject_parameters, parameters_cell_index, parse_parameters, workshop_notebooks
 
 NOTEBOOKS = workshop_notebooks()
 
@@ -44,7 +44,7 @@ def test_bad_parameter_syntax_is_refused():
 
 
 def test_a_widget_cell_gets_the_short_timeout_and_a_measuring_cell_the_long_one():
-    from helpers.notebooks import WIDGET_CELL_TIMEOUT_S, cell_timeout_s
+    from helpers.lab.notebooks import WIDGET_CELL_TIMEOUT_S, cell_timeout_s
 
     widget = nbformat.v4.new_code_cell("import ipywidgets as widgets\nwidgets.interact(f, x=(1, 3))")
     sweep = nbformat.v4.new_code_cell("results = run_sweep(lab.settings, workload)")

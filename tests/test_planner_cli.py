@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.memory import REFERENCE_CONFIGS
-from helpers import gpus, planner_cli
+from helpers.planning.memory import REFERENCE_CONFIGS
+from helpers.hardware import gpus
+from helpers.cli import planner as planner_cli
 
 CONFIGS = REFERENCE_CONFIGS
 

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.prefill import conclude_prefill_decode, prefill_table
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.lessons.l03.prefill import conclude_prefill_decode, prefill_table
 
 
 def frame(short_ttft, long_ttft, short_tpot, long_tpot):

@@ -1,4 +1,4 @@
-"""helpers.provision and its CLI with a recorded fake kubectl: no cluster, no kubectl needed."""
+"""helpers.cluster.provision and its CLI with a recorded fake kubectl: no cluster, no kubectl needed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Sequence
 import pytest
 import yaml
 
-from helpers import provision as pv
-from helpers.provision_cli import main
+from helpers.cluster import provision as pv
+from helpers.cli.provision import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 README = pv.K8S_DIR / "README.md"

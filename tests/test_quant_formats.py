@@ -1,7 +1,7 @@
 """Every weight format the planner knows has a native-hardware row with a source."""
 
-from helpers.memory import WEIGHT_FORMATS
-from helpers.quant_formats import NATIVE_HARDWARE
+from helpers.planning.memory import WEIGHT_FORMATS
+from helpers.planning.quant_formats import NATIVE_HARDWARE
 
 
 def test_every_weight_format_has_hardware_and_a_source():
@@ -15,9 +15,9 @@ def test_every_weight_format_has_hardware_and_a_source():
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers.machine import cpu_info  # noqa: E402
-from helpers.memory import REFERENCE_CONFIGS  # noqa: E402
-from helpers.quant_formats import (format_ladder, gguf_bits_per_weight, installed_vllm_methods,  # noqa: E402
+from helpers.hardware.machine import cpu_info  # noqa: E402
+from helpers.planning.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.planning.quant_formats import (format_ladder, gguf_bits_per_weight, installed_vllm_methods,  # noqa: E402
                                    ladder_check, machine_verdict, map_disagreements, quantization_map, schemes)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helpers.quantization import chosen_kernels, conclusions, skip_reason, too_slow_reason
-from helpers.settings import models_dir
+from helpers.lessons.l05_quantization import chosen_kernels, conclusions, skip_reason, too_slow_reason
+from helpers.core.settings import models_dir
 
 SPEED = "c8_output_tok_s"
 
@@ -75,10 +75,10 @@ def test_chosen_kernels_come_from_the_engine_log_once_each():
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.evals import Comparison  # noqa: E402
-from helpers.memory import REFERENCE_CONFIGS  # noqa: E402
-from helpers.quantization import (eval_delta_outcome, fraction_outcome, growth_outcome, kv_check,  # noqa: E402
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.evals.suite import Comparison  # noqa: E402
+from helpers.planning.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.lessons.l05_quantization import (eval_delta_outcome, fraction_outcome, growth_outcome, kv_check,  # noqa: E402
                                   planned_kv_tokens, size_check, speed_conclusion)
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from helpers.local_engine import LocalEngine
-from helpers.machine import capability, model_feature
-from helpers.session import connect
-from helpers.settings import CONTRACT_VARIABLES, load_settings, models_dir
+from helpers.engine.local import LocalEngine
+from helpers.hardware.machine import capability, model_feature
+from helpers.engine.session import connect
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings, models_dir
 
 SOURCE = "tiny-agent"
 ENGINE_PORT = "8767"

@@ -7,13 +7,13 @@ import socket
 import pytest
 from fake_engine_server import use_fake_engine
 
-from helpers import replicas
-from helpers.engine import EngineError, default_config
-from helpers.replicas import (BIND_VARIABLE, THREADS_VARIABLE, ReplicaSet, cores_shared, omp_threads, read_record,
+from helpers.engine import replicas
+from helpers.engine.interface import EngineError, default_config
+from helpers.engine.replicas import (BIND_VARIABLE, THREADS_VARIABLE, ReplicaSet, cores_shared, omp_threads, read_record,
                               replica_config, replica_ports, replica_set_for, replica_settings, router_metrics_port)
-from helpers.router import RouterError
-from helpers.settings import load_settings
-from helpers.vllm_args import flag_value
+from helpers.engine.router import RouterError
+from helpers.core.settings import load_settings
+from helpers.core.vllm_args import flag_value
 
 
 def test_ports_follow_the_router():
@@ -73,14 +73,14 @@ def test_bad_sizes_and_policies_are_refused():
 
 
 def test_a_set_beside_the_workshop_engine_uses_other_ports():
-    from helpers.replicas import replica_set_beside
+    from helpers.engine.replicas import replica_set_beside
 
     rs = replica_set_beside(load_settings({"WORKSHOP_PORT": "8000"}), 2, "cache_aware")
     assert rs.settings.base_url == "http://127.0.0.1:8010/v1" and rs.ports == [8011, 8012] and rs.policy == "cache_aware"
 
 
 def test_a_missing_router_is_reported_before_any_engine_starts(monkeypatch, tmp_path):
-    from helpers import router
+    from helpers.engine import router
 
     monkeypatch.setattr(router.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -120,7 +120,7 @@ def test_replicas_serving_another_model_than_model_name_are_restarted_on_it(monk
 def test_the_lesson_starts_replicas_only_beside_a_local_cpu_engine(env, words):
     from types import SimpleNamespace
 
-    from helpers.replicas import lesson_replica_set
+    from helpers.engine.replicas import lesson_replica_set
 
     found, start_it, why = lesson_replica_set(SimpleNamespace(settings=load_settings(env)), 2)
     assert found is None and not start_it and words in why
@@ -129,7 +129,7 @@ def test_the_lesson_starts_replicas_only_beside_a_local_cpu_engine(env, words):
 def test_the_lesson_uses_the_workshop_replica_set_as_it_is_or_starts_one_beside(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from helpers.replicas import lesson_replica_set
+    from helpers.engine.replicas import lesson_replica_set
 
     own = ReplicaSet(load_settings({"WORKSHOP_PORT": "8850"}), 3)
     assert lesson_replica_set(own, 2) == (own, False, "")  # never started or stopped by the notebook
@@ -138,7 +138,7 @@ def test_the_lesson_uses_the_workshop_replica_set_as_it_is_or_starts_one_beside(
         assert "pip install vllm-router" in why
     else:
         assert start_it and beside.ports == [8861, 8862]
-    from helpers import router
+    from helpers.engine import router
 
     monkeypatch.setattr(router.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))

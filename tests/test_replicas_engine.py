@@ -15,12 +15,12 @@ import os
 import psutil
 import pytest
 
-from helpers import cli
-from helpers.local_engine import STATE_MARK, port_holder
-from helpers.replicas import ReplicaSet, replica_set_for
-from helpers.scale_out import AgentWorkload, compare_policies, conclude_affinity, replica_failure_run
-from helpers.conclusion import SHOWN
-from helpers.settings import CONTRACT_VARIABLES, load_settings
+from helpers.cli import main as cli
+from helpers.engine.local import STATE_MARK, port_holder
+from helpers.engine.replicas import ReplicaSet, replica_set_for
+from helpers.measure.routing import AgentWorkload, compare_policies, conclude_affinity, replica_failure_run
+from helpers.core.conclusion import SHOWN
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 
 pytestmark = pytest.mark.engine
 PORT = int(os.environ.get("WORKSHOP_TEST_PORT", "8765"))

@@ -9,8 +9,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers.memory import REFERENCE_CONFIGS
-from helpers import gpus, memory, roofline
+from helpers.planning.memory import REFERENCE_CONFIGS
+from helpers.hardware import gpus
+from helpers.planning import memory, roofline
 
 CONFIGS = REFERENCE_CONFIGS
 
@@ -127,7 +128,7 @@ def test_cpu_roof_is_labelled_with_the_dtype_it_was_measured_in():
 
 
 def test_labels_of_close_points_are_staggered():
-    from helpers.roofline import LABEL_OFFSETS, RooflinePoint, label_offset
+    from helpers.planning.roofline import LABEL_OFFSETS, RooflinePoint, label_offset
 
     dense, moe, far = RooflinePoint("dense B=4", 2.0, 1e11), RooflinePoint("moe B=4", 2.2, 1.1e11), RooflinePoint("x", 200, 1e13)
     assert label_offset([], dense) == LABEL_OFFSETS[0]

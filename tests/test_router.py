@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import router
-from helpers.router import RouterError, figure_deltas, router_command, router_figures
+from helpers.engine import router
+from helpers.engine.router import RouterError, figure_deltas, router_command, router_figures
 
 CAPTURED = (Path(__file__).parent / "fixtures" / "vllm_router_metrics_0.1.17.txt").read_text()
 

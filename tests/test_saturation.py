@@ -11,8 +11,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from helpers import plots, saturation  # noqa: E402
-from helpers.saturation import analyze_sweep, classify_limit, find_knee  # noqa: E402
+from helpers.lessons import plots
+from helpers.measure import saturation  # noqa: E402
+from helpers.measure.saturation import analyze_sweep, classify_limit, find_knee  # noqa: E402
 
 CONCURRENCY = [1, 4, 8, 16, 32]
 
@@ -132,8 +133,8 @@ def test_cohorts_finishing_together_still_read_as_the_scheduler_cap():
 
 # ---------------------------------------------------------------- conclusions from the numbers
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.saturation import (cap_conclusion, client_lag_conclusion, control_conclusion,  # noqa: E402
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.measure.saturation import (cap_conclusion, client_lag_conclusion, control_conclusion,  # noqa: E402
                                 goodput_conclusion, lift_conclusion, relative_slos, saturation_caveat,
                                 slo_rule, steadiness_conclusion)
 
@@ -219,7 +220,7 @@ class _FlagEngine:
         return list(self._args)
 
     def set_flag(self, flag: str, value) -> None:
-        from helpers.vllm_args import with_flag
+        from helpers.core.vllm_args import with_flag
 
         self._args = list(with_flag(self._args, flag, value))
         self.restarts.append(value)
@@ -228,8 +229,8 @@ class _FlagEngine:
 def _cap_sweep(monkeypatch, fail_at: int | None):
     from types import SimpleNamespace
 
-    from helpers import loadgen
-    from helpers.vllm_args import flag_value
+    from helpers.measure import loadgen
+    from helpers.core.vllm_args import flag_value
 
     def fake_sweep(settings, workload, concurrencies, **kwargs):
         if concurrencies == [fail_at]:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.scale_out import (AgentWorkload, FailureRun, PolicyComparison, account, busiest_replica, conclude_affinity,
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
+from helpers.measure.routing import (AgentWorkload, FailureRun, PolicyComparison, account, busiest_replica, conclude_affinity,
                                conclude_failure, conclude_later_turns, cpu_caveat, gpu_expectation, replica_rows,
                                requests_frame, session_id, system_prompt, total_hit_rate, user_turn)
-from helpers.server_metrics import parse_metrics
+from helpers.measure.server_metrics import parse_metrics
 
 METRICS = (Path(__file__).parent / "fixtures" / "vllm_metrics.txt").read_text()
 
@@ -143,7 +143,7 @@ def test_the_busiest_replica_is_the_one_with_most_running_then_most_finished():
 
 
 def test_split_cost_conclusion_names_both_sides_and_the_ratio():
-    from helpers.scale_out import conclude_split_cost
+    from helpers.measure.routing import conclude_split_cost
 
     runs = pd.DataFrame([{"setup": "one engine", "throughput_tok_s": v} for v in (20.0, 22.0)]
                         + [{"setup": "2 replicas + router", "throughput_tok_s": v} for v in (15.0, 16.0)])
@@ -152,8 +152,8 @@ def test_split_cost_conclusion_names_both_sides_and_the_ratio():
 
 
 def test_a_skipped_scale_out_run_says_why_everywhere():
-    from helpers import plots
-    from helpers.scale_out import ScaleOutRun
+    from helpers.lessons import plots
+    from helpers.measure.routing import ScaleOutRun
 
     run = ScaleOutRun(skipped="The engine runs in a cluster: ...")
     assert run.affinity().verdict == WITHIN_NOISE and "cluster" in run.affinity().text
@@ -166,8 +166,8 @@ def test_a_skipped_scale_out_run_says_why_everywhere():
 def test_a_scale_out_run_concludes_from_its_numbers():
     import matplotlib.pyplot as plt
 
-    from helpers import plots
-    from helpers.scale_out import ScaleOutRun
+    from helpers.lessons import plots
+    from helpers.measure.routing import ScaleOutRun
 
     rows = [{**r, "e2e_s": 1.0} for r in (_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0),
                                           _row(True, t=3.0), _row(True, t=20.0))]
@@ -193,7 +193,7 @@ def test_a_scale_out_run_concludes_from_its_numbers():
 
 
 def test_the_router_failover_is_told_per_replica():
-    from helpers.router import describe_failover
+    from helpers.engine.router import describe_failover
 
     urls = ["http://127.0.0.1:8881", "http://127.0.0.1:8882"]
     deltas = {"vllm_router_retries_total{route=/v1/chat/completions}": 9.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import cli
+from helpers.cli import main as cli
 
 
 def test_unknown_policy_is_refused_before_any_engine_starts(capsys):

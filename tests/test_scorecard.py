@@ -8,12 +8,13 @@ import pandas as pd
 import pytest
 from fake_vllm import MODEL, FakeVllm
 
-from helpers import evals, scorecard
-from helpers.evals import EvalRun, EvalSettings
-from helpers.scorecard import Scorecard, kv_capacity_tokens, scorecard_row
-from helpers.server_metrics import parse_metrics
-from helpers.settings import load_settings
-from helpers.toolcall_eval import wilson_interval
+from helpers.evals import suite as evals, scorecard
+from helpers.evals.suite import EvalRun, EvalSettings
+from helpers.evals.scorecard import Scorecard, kv_capacity_tokens, scorecard_row
+from helpers.measure.server_metrics import parse_metrics
+from helpers.core.settings import load_settings
+from helpers.engine.session import connect
+from helpers.evals.toolcall import wilson_interval
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 
@@ -103,7 +104,7 @@ def test_measure_config_runs_evals_a_sweep_and_reads_the_cache(monkeypatch):
             return eval_run(0)
 
         monkeypatch.setattr(evals, "run_suite", fake_run_suite)
-        row = scorecard.measure_config(settings, "base", concurrencies=[1, 2], input_len=60, output_len=4,
+        row = scorecard.measure_config(connect(settings, start=False), "base", concurrencies=[1, 2], input_len=60, output_len=4,
                                        num_requests=3, suite="smoke")
     finally:
         server.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import FakeVllm
 
-from helpers.server_metrics import (GaugeSampler, Histogram, MetricsError, normalized, parse_metrics,
+from helpers.measure.server_metrics import (GaugeSampler, Histogram, MetricsError, normalized, parse_metrics,
                                     prefix_cache_hit_rate, scrape, spec_decode_stats, window)
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,11 +11,11 @@ import pytest
 from fake_engine_server import use_fake_engine
 from fake_vllm import serve_json as serve
 
-from helpers.cli import main
-from helpers.engine import EngineError, shipped_models
-from helpers.local_engine import LocalEngine
-from helpers.session import EndpointError, check_endpoint, connect
-from helpers.settings import load_settings, models_dir
+from helpers.cli.main import main
+from helpers.engine.interface import EngineError, shipped_models
+from helpers.engine.local import LocalEngine
+from helpers.engine.session import EndpointError, check_endpoint, connect
+from helpers.core.settings import load_settings, models_dir
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.settings import SettingsError, load_settings
+from helpers.core.settings import SettingsError, load_settings
 
 
 def test_cpu_is_the_default_without_vllm_host():

@@ -5,9 +5,9 @@ import re
 
 import nbformat
 
-from helpers.notebooks import NOTEBOOK_DIR, run_notebook, workshop_notebooks
-from helpers.settings import CONTRACT_VARIABLES
-from helpers.workspace import START_HERE
+from helpers.lab.notebooks import NOTEBOOK_DIR, run_notebook, workshop_notebooks
+from helpers.core.settings import CONTRACT_VARIABLES
+from helpers.lab.workspace import START_HERE
 
 PATH = NOTEBOOK_DIR / START_HERE
 

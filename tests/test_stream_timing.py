@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.stream_timing import StreamTiming
+from helpers.measure.stream_timing import StreamTiming
 
 
 def make(events):
@@ -41,8 +41,8 @@ def test_failed_request_has_no_latency():
 
 # ---------------------------------------------------------------- gaps as they arrived, and the conclusion
 
-from helpers.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
-from helpers.stream_timing import conclude_stream  # noqa: E402
+from helpers.core.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
+from helpers.measure.stream_timing import conclude_stream  # noqa: E402
 
 
 def steady(n=20, gap=0.02):
@@ -85,7 +85,7 @@ def _length_rows(ttft_short, ttft_long, total_short, total_long):
     ((0.02, 0.02, 0.5, 0.5), "neither grows"),
 ])
 def test_the_longer_answer_outcome_follows_the_medians_either_way(times, outcome):
-    from helpers.stream_timing import LENGTH_CHOICES, length_outcome
+    from helpers.measure.stream_timing import LENGTH_CHOICES, length_outcome
 
     got, detail = length_outcome(_length_rows(*times))
     assert got == outcome and got in LENGTH_CHOICES

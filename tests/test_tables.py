@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers.tables import MISSING, format_tables, format_value, to_html, to_text
+from helpers.core.tables import MISSING, format_tables, format_value, to_html, to_text
 
 
 @pytest.mark.parametrize("value, shown", [

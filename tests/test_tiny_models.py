@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.memory import count_params
-from helpers.tiny_models import DRAFT_SHAPE, ModelShape, MoeShape, build_sibling, model_config
+from helpers.planning.memory import count_params
+from helpers.tiny.build import DRAFT_SHAPE, ModelShape, MoeShape, build_sibling, model_config
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 

@@ -2,7 +2,7 @@ import datetime as dt
 
 import pytest
 
-from helpers import tools as T
+from helpers.tiny import tools as T
 
 
 def test_catalog_has_a_few_hundred_real_cities_with_time_zones():

@@ -4,10 +4,10 @@ import shlex
 
 import yaml
 
-from helpers.vllm_args import EngineConfig
+from helpers.core.vllm_args import EngineConfig
 import pytest
 
-from helpers.tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
+from helpers.lessons.l08_tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
 
 RULE = Rule(speed="c16_output_tok_s", latency="c16_p90_ttft_ms", max_latency_ms=1000, min_gain=0.03)
 BASE = {"c16_output_tok_s": 1000.0, "c16_p90_ttft_ms": 400.0, "kv_capacity_tokens": 1000}
@@ -54,9 +54,9 @@ def test_final_configuration_as_command_line_and_manifest_patch():
 
 import pandas as pd  # noqa: E402
 
-from helpers.conclusion import SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.settings import load_settings, models_dir  # noqa: E402
-from helpers.tuning import cluster_model, relative_rule, tuning_conclusions  # noqa: E402
+from helpers.core.conclusion import SHOWN, WITHIN_NOISE  # noqa: E402
+from helpers.core.settings import load_settings, models_dir  # noqa: E402
+from helpers.lessons.l08_tuning import cluster_model, relative_rule, tuning_conclusions  # noqa: E402
 
 
 def test_the_slo_and_the_margin_come_from_the_baseline():
@@ -137,7 +137,7 @@ class _Engine:
 def test_the_baseline_comes_back_when_the_block_is_stopped_midway_or_not(interrupted):
     from dataclasses import replace
 
-    from helpers.tuning import baseline_restored
+    from helpers.lessons.l08_tuning import baseline_restored
 
     base = EngineConfig(model="m", served_name="m", args=("--max-num-seqs", "16"))
     engine, said = _Engine(base), []
@@ -155,7 +155,7 @@ def test_the_baseline_comes_back_when_the_block_is_stopped_midway_or_not(interru
 
 
 def test_the_rule_exercise_flips_with_the_numbers():
-    from helpers.tuning import hypothetical_row, rule_outcome
+    from helpers.lessons.l08_tuning import hypothetical_row, rule_outcome
 
     base = {"c8_tok_s": 100.0, "c8_tok_s_runs": [98.0, 102.0], "c8_p90_ttft_ms": 200.0, "kv_capacity_tokens": 1000}
     rule = relative_rule(base, "c8_tok_s", "c8_p90_ttft_ms", min_gain=0.05, slo_x=1.5)
@@ -167,7 +167,7 @@ def test_the_rule_exercise_flips_with_the_numbers():
 
 
 def test_the_kv_check_reads_the_memory_knobs_step():
-    from helpers.tuning import kv_capacity_check
+    from helpers.lessons.l08_tuning import kv_capacity_check
 
     card = pd.DataFrame([{"change": "baseline", "kv_capacity_tokens": 1000},
                          {"change": "--kv-cache-memory-bytes (default) -> 2147483648", "kv_capacity_tokens": 2000},

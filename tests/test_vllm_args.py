@@ -1,6 +1,6 @@
 """The one model of vLLM arguments: flags, their --no- forms, model and served name, and changes in words."""
 
-from helpers.vllm_args import (EngineConfig, config_from_args, describe_change, flag_name, flag_value, flags, parse_args,
+from helpers.core.vllm_args import (EngineConfig, config_from_args, describe_change, flag_name, flag_value, flags, parse_args,
                                server_args, with_flag)
 
 ARGS = ("--max-model-len", "4096", "--enforce-eager", "--tool-call-parser", "hermes")

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import cli, forced_isa, kit_paths, notebooks, provision, settings, workspace
+from helpers.cli import main as cli
+from helpers.hardware import forced_isa
+from helpers.core import kit_paths, settings
+from helpers.lab import notebooks, workspace
+from helpers.cluster import provision
 
 REPO = Path(__file__).resolve().parent.parent
-SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 # What a build leaves in a tree, and the environments beside it: not copied (pip builds in the copy, not here)
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                                     ".ruff_cache", ".ipynb_checkpoints", "my-notebooks")
@@ -94,7 +96,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Install:
 
 
 def test_the_helpers_run_from_the_venv_with_their_data_inside_and_no_extra(installed):
-    probe = ("import importlib.util, helpers, helpers.kit_paths as k\n"
+    probe = ("import importlib.util, helpers, helpers.core.kit_paths as k\n"
              "print(helpers.__file__); print(k.kit_root()); print(k.work_root())\n"
              f"print(sorted(m for m in {CLIENT_PACKAGES!r} if importlib.util.find_spec(m)))\n")
     done = subprocess.run([str(installed.bin / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
@@ -172,12 +174,12 @@ def test_the_wheel_holds_every_package_and_the_kits_data(wheel):
     modules = [p for package in packages for p in package.glob("*.py")]
     expected = {p.relative_to(REPO).as_posix() for p in modules}
     expected |= {p.relative_to(REPO).as_posix() for p in _tracked_files(REPO / "helpers" / "data")}
-    expected |= {p.relative_to(REPO).as_posix() for p in _tracked_files(REPO / "helpers" / "forced_isa_site")}
+    expected |= {p.relative_to(REPO).as_posix() for p in _tracked_files(REPO / "helpers" / "hardware" / "forced_isa_site")}
     for folder in kit_paths.KIT_FOLDERS:
         shipped = REPO / folder
         expected |= {f"helpers/kit/{folder}/{p.relative_to(shipped).as_posix()}" for p in _tracked_files(shipped)}
     assert sorted(expected - names) == []
-    assert "helpers/forced_isa_site/sitecustomize.py" in names and "helpers/kit/k8s/base/vllm.yaml" in names
+    assert "helpers/hardware/forced_isa_site/sitecustomize.py" in names and "helpers/kit/k8s/base/vllm.yaml" in names
     tops = {name.split("/")[0] for name in names}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"helpers"}, \
         "the wheel installs nothing beside the helpers package (no top-level notebooks/ or k8s/ in site-packages)"
@@ -185,13 +187,17 @@ def test_the_wheel_holds_every_package_and_the_kits_data(wheel):
 
 # ---------------------------------------------------------------- the checkout (no build)
 
-def test_every_package_on_disk_and_every_kit_folder_is_in_the_packaging():
-    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "helpers").rglob("__init__.py")
-               if "__pycache__" not in p.parts}
-    assert sorted(on_disk - set(SETUPTOOLS["packages"])) == [], "add the new package to pyproject.toml's packages"
-    mapped = SETUPTOOLS["package-dir"]
-    assert {f"helpers.kit.{name}": name for name in kit_paths.KIT_FOLDERS} == mapped
-    assert set(mapped) <= set(SETUPTOOLS["packages"]) and set(mapped) <= set(SETUPTOOLS["package-data"])
+def test_every_folder_of_modules_is_a_package_that_setup_py_finds():
+    """setup.py finds packages (a folder with an __init__.py): a folder of modules without one would be left out."""
+    from setuptools import find_packages
+
+    folders = {p.parent for p in (REPO / "helpers").rglob("*.py") if "__pycache__" not in p.parts
+               and "forced_isa_site" not in p.parts}  # forced_isa_site: package data, put on a server's PYTHONPATH
+    assert sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").is_file()) == []
+    found = set(find_packages(where=str(REPO), include=["helpers", "helpers.*"]))
+    assert found == {".".join(f.relative_to(REPO).parts) for f in folders}
+    setup_py = (REPO / "setup.py").read_text()
+    assert all(f'"{name}"' in setup_py for name in kit_paths.KIT_FOLDERS), "setup.py maps every kit folder"
 
 
 def test_a_clone_uses_its_own_folders(monkeypatch):

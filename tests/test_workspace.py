@@ -12,8 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import cli, workspace
-from helpers.notebooks import NOTEBOOK_DIR, REPO_ROOT
+from helpers.cli import main as cli
+from helpers.lab import workspace
+from helpers.lab.notebooks import NOTEBOOK_DIR, REPO_ROOT
 
 
 @pytest.fixture

@@ -1,0 +1,144 @@
+"""Connect a notebook (or a script) to the engine: one call, clear errors.
+
+``connect()`` reads the settings, starts the local engine when the profile runs one (or finds the
+one already running), checks that the endpoint answers and serves the expected model, and returns a
+``Lab`` holding the settings, the engine and an OpenAI client. Every failure says what to do next.
+
+The model is always the one the settings name (``MODEL_NAME``), never another one the engine happens to
+serve: a local engine serving another model is restarted on it, a name the local engine cannot serve is
+refused naming the shipped models, and a remote endpoint that does not serve it is refused naming the
+models it serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+
+from helpers.engine.interface import Engine, EngineError, ExternalEngine, list_models, resolve_model
+from helpers.engine.local import LocalEngine
+from helpers.engine.replicas import ReplicaSet, replica_set_for
+from helpers.core.settings import Settings, load_settings
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class EndpointError(RuntimeError):
+    """The endpoint is unreachable, refuses our key, or does not serve the model we asked for."""
+
+
+def check_endpoint(settings: Settings, model: str | None = None, timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
+    """The served model names; raises EndpointError with what to check when something is wrong."""
+    url = settings.base_url + "/models"
+    try:
+        served = list_models(settings, timeout_s)
+    except httpx.TimeoutException:
+        raise EndpointError(f"{url} did not answer within {timeout_s:.0f} s. Is the engine still starting or "
+                            "overloaded? Check `workshop status`, or VLLM_HOST if it points elsewhere.") from None
+    except httpx.HTTPStatusError as err:
+        if err.response.status_code == 401:
+            raise EndpointError(f"{url} answered 401 Unauthorized: the server expects an API key. Set VLLM_API_KEY "
+                                "to the key the engine was started with (it is not shown here).") from None
+        raise EndpointError(f"{url} answered HTTP {err.response.status_code}: {err.response.text[:200]}") from None
+    except httpx.HTTPError as err:
+        hint = ("start it with `workshop up`" if settings.managed
+                else "check VLLM_HOST, your network or port-forward, and that the engine pod is running")
+        raise EndpointError(f"Cannot reach the engine at {url} ({type(err).__name__}): {hint}.") from None
+    if model is not None and model not in served:
+        if not settings.managed:
+            raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
+                                "Set MODEL_NAME to one of them (or switch the engine's model).")
+        try:
+            resolve_model(model, settings.profile)  # a name the local engine cannot serve: the shipped ones
+        except EngineError as err:
+            raise EndpointError(str(err)) from None
+        raise EndpointError(f"Model {model!r} is not served at {settings.base_url}. Served: {served}. "
+                            f"Restart the local engine on it with `MODEL_NAME={model} workshop up`, or set MODEL_NAME "
+                            "to one of them.")
+    return served
+
+
+@dataclass
+class Lab:
+    """What a notebook works with: settings, the engine, and a client for it."""
+
+    settings: Settings
+    engine: Engine
+    client: openai.OpenAI
+
+    @property
+    def model(self) -> str:
+        """The model name to send in requests (follows engine.switch_model)."""
+        return self.engine.model
+
+    def check(self) -> list[str]:
+        """Re-check the endpoint (after a restart, or when a call failed)."""
+        return check_endpoint(self.settings, self.model)
+
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        """One chat completion at temperature 0 unless told otherwise; engine failures explained."""
+        kwargs.setdefault("temperature", 0.0)
+        try:
+            return self.client.chat.completions.create(model=self.model, messages=messages, **kwargs)
+        except openai.APIConnectionError:
+            raise EndpointError(f"The engine at {self.settings.base_url} stopped answering. If it was stopped or "
+                                "killed, restart it: `workshop up` in a terminal, or lab.engine.restart().") from None
+        except openai.AuthenticationError:
+            raise EndpointError("The engine rejected the API key (401): set VLLM_API_KEY to the engine's key.") from None
+        except openai.NotFoundError as err:
+            raise EndpointError(f"{err.message}. Served models: {check_endpoint(self.settings)}") from None
+
+
+def make_client(settings: Settings, timeout_s: float = 120.0) -> openai.OpenAI:
+    """An OpenAI client for the endpoint (no automatic retries: failures should show)."""
+    return openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key or "EMPTY",
+                         timeout=timeout_s, max_retries=0)
+
+
+def make_engine(settings: Settings) -> Engine:
+    """The backend for these settings: the participant's Deployment (k8s), a local process, or read-only external."""
+    if settings.profile == "k8s":
+        from helpers.engine.k8s import KubernetesEngine  # imports kubectl helpers only the k8s profile needs
+
+        return KubernetesEngine(settings)
+    if settings.managed:
+        return replica_set_for(settings) or LocalEngine(settings)  # replicas behind the router: workshop up --replicas N
+    return ExternalEngine(settings)
+
+
+def connect(settings: Settings | None = None, start: bool = True) -> Lab:
+    """Settings -> engine (started or found) serving the settings' model -> checked endpoint -> Lab. In a notebook
+    it also makes tables show whole numbers as whole numbers and gaps as "-" (``helpers.core.tables.format_tables``).
+
+    ``start=False`` starts no engine that is not running, but a local engine serving another model than the
+    settings name is still restarted on it (``LocalEngine.start`` says so). A name the local engine cannot serve
+    raises EngineError naming the shipped models; one a remote endpoint does not serve, EndpointError naming
+    the served ones."""
+    from helpers.core.tables import format_tables  # pandas: only when connecting, not on import
+
+    format_tables()
+    settings = settings or load_settings()
+    engine = make_engine(settings)
+    if isinstance(engine, (LocalEngine, ReplicaSet)) and (start or engine.model != settings.model):
+        engine.start()  # on another model than settings.model: restarts on it (or refuses a name it cannot serve)
+    check_endpoint(settings, settings.model)
+    return Lab(settings, engine, make_client(settings))
+
+
+def engine_summary(settings: Settings | None = None) -> tuple[dict[str, Any], str]:
+    """The engine's status as one table column (lists joined; secrets only as set / not set) and a sentence:
+    ready, or not and what to do. Starts nothing, so a first screen can show it at once."""
+    settings = settings or load_settings()
+    status = make_engine(settings).status()
+    shown = {key: " ".join(map(str, value)) if isinstance(value, list) else value for key, value in status.items()}
+    if status.get("ready"):
+        return shown, (f"The engine is ready: {settings.base_url} serves {status.get('model')!r} "
+                       f"(profile {settings.profile}).")
+    if settings.managed:
+        return shown, ("The engine is not running. Start it with `workshop up` in a terminal, or open notebook 01: "
+                       "its first cell starts it (about a minute on a laptop CPU).")
+    return shown, (f"The endpoint {settings.base_url} is not ready ({status.get('problem', 'no answer')}): check "
+                   "VLLM_HOST, your network or port-forward, and that the engine is running.")

@@ -1,8 +1,0 @@
-"""Loaded by every Python process of a vLLM server started with a forced CPU kind (helpers/forced_isa.py)."""
-
-import os
-
-if os.environ.get("WORKSHOP_CPU_ISA"):
-    from helpers.forced_isa import force_torch_cpu_answers
-
-    force_torch_cpu_answers(os.environ["WORKSHOP_CPU_ISA"])

@@ -1,0 +1,252 @@
+"""Dense against mixture-of-experts on the live engine: decode speed of two tiny sibling models, and
+what the numbers do and do not say about MoE on a GPU.
+
+``measure_decode`` serves each model in turn (``rounds`` > 1 alternates them, each switch restarts the
+engine) and measures every batch size ``repeats`` times, keeping each run. ``conclude_dense_vs_moe``
+judges the MoE against the dense model at each batch against the repeats' spread, and calls a gap no
+model difference can explain implausible. ``moe_gpu_caveat`` is the labelled GPU statement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from helpers.core.comparison import BETTER, SAME, UNKNOWN, compare_samples, interleave
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.engine.session import Lab
+
+# The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
+# reads more. A decode rate this many times the dense one is no model difference but a disturbed run.
+IMPLAUSIBLE_RATIO = 1.5
+# Runs of one model that differ by more than this (relative range) among themselves compare nothing.
+NOISY_REL = 0.5
+
+
+def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: int, output_len: int,
+                   requests_per_stream: int, repeats: int, rounds: int, bandwidth_gb_s: float) -> pd.DataFrame:
+    """One row per (model, batch, run): client throughput, the engine's own step time (from
+    ``vllm:inter_token_latency_seconds``), decode tokens/s from it, and the roofline ceiling and MBU at
+    ``bandwidth_gb_s``. The engine goes back to the model it served before."""
+    from helpers.planning import roofline
+    from helpers.measure.bench_results import summarize
+    from helpers.measure.loadgen import Load, Workload, prompt_factory, run_load
+    from helpers.planning.memory import count_params, kv_cache_bytes
+    from helpers.measure.server_metrics import scrape, window
+    from helpers.core.settings import models_dir
+
+    baseline = lab.model
+    if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only the tiny models it serves
+        served = lab.engine.served_models()
+        kept = [m for m in models if m in served and (models_dir() / m).is_dir()]
+        if not kept:
+            raise RuntimeError(f"{lab.settings.base_url} serves {served}, none of {models}: this section measures the "
+                               "tiny models, which the local engine serves (unset VLLM_HOST) or the cluster profile "
+                               "can switch to.")
+        if len(kept) < len(models):
+            print(f"measuring only {', '.join(kept)}: {lab.settings.base_url} is run elsewhere, so its model is set "
+                  "where it runs (the local engine or the cluster profile can switch models)")
+        models = kept
+
+    def serve(name: str):
+        def run() -> list[dict[str, Any]]:
+            if lab.model != name:
+                lab.engine.switch_model(name)
+            counts = count_params(models_dir() / name)
+            kv_per_token = kv_cache_bytes(models_dir() / name).bytes_per_token
+            prompts = prompt_factory(lab.settings, lab.model)  # calibrated once per model, salted per run
+            rows = []
+            for b in batches:
+                for repeat in range(max(1, repeats)):
+                    before = scrape(lab.settings.metrics_url)
+                    s = summarize(run_load(lab.settings, Workload(input_len=input_len, output_len=output_len),
+                                           Load(concurrency=b, num_requests=b * requests_per_stream,
+                                                warmup_requests=b if repeat == 0 else 0),
+                                           model=lab.model, prompts=prompts))
+                    step_s = window(before, scrape(lab.settings.metrics_url))["itl_mean_s"]
+                    step_bytes = roofline.moe_bytes_per_step(counts, b) + b * (input_len + output_len // 2) * kv_per_token
+                    rows.append({"model": name, "batch": b, "run": repeat, "total_params_M": counts.total / 1e6,
+                                 "active_params_M": counts.active / 1e6, "MB_read_per_step": step_bytes / 1e6,
+                                 "measured_tok_s": s["output_throughput"],
+                                 "client_median_tpot_ms": s["median_tpot_ms"], "server_step_ms": step_s * 1000,
+                                 "decode_tok_s": b / step_s,
+                                 "roofline_ceiling_tok_s": b * bandwidth_gb_s * 1e9 / step_bytes,
+                                 "mbu": roofline.mbu(step_bytes, step_s, bandwidth_gb_s)})
+            return rows
+        return run
+
+    try:
+        results = interleave({name: serve(name) for name in models}, rounds, desc="models (each switch restarts)")
+    finally:  # back to the workshop's model, whatever happened
+        if lab.model != baseline:
+            lab.engine.switch_model(baseline)
+    return pd.DataFrame([row for runs in results.values() for rows in runs for row in rows])
+
+
+def decode_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean of every figure per (model, batch) over the runs, with how many runs."""
+    numeric = runs.drop(columns=["run"]).groupby(["model", "batch"], sort=False)
+    return numeric.mean().assign(runs=numeric.size()).reset_index()
+
+
+def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str, quiet: bool | None = None,
+                          implausible_ratio: float = IMPLAUSIBLE_RATIO, noisy_rel: float = NOISY_REL) -> list[Conclusion]:
+    """Per batch, the tiny MoE's decode rate (engine step time) against the dense model's.
+
+    Expectation: the tiny MoE is no faster (same active MLP per token, more weights, routing on top, and
+    fixed per-step costs dominate models this small). A ratio above ``implausible_ratio`` is called
+    implausible, with the spread and the quiet-machine check as the reason to distrust it; runs of one
+    model that differ by more than ``noisy_rel`` among themselves are too noisy to compare at all."""
+    expectation = "the tiny MoE decodes no faster than the dense model"
+    out = []
+    for b in sorted(runs["batch"].unique()):
+        a = runs[(runs.model == dense) & (runs.batch == b)]["decode_tok_s"].tolist()
+        m = runs[(runs.model == moe) & (runs.batch == b)]["decode_tok_s"].tolist()
+        if not a or not m:
+            out.append(Conclusion(f"batch {b}: {dense if not a else moe} was not measured (see above), so there is "
+                                  "nothing to compare.", NOT_SHOWN, expectation))
+            continue
+        v = compare_samples(a, m, higher_is_better=True)
+        text = f"batch {b}: {moe} {v.mean_b:,.0f} tok/s vs {dense} {v.mean_a:,.0f} tok/s ({v.describe()})"
+        if v.label != UNKNOWN and v.noise_rel > noisy_rel:
+            busy = "; the machine was busy (quiet check)" if quiet is False else ""
+            out.append(Conclusion(text + f": the runs of one model differ by +/-{v.noise_rel:.0%} among themselves{busy}, "
+                                  "too noisy to compare the models at all; rerun on a quiet machine or with more REPEATS.",
+                                  WITHIN_NOISE, expectation))
+        elif v.label == SAME:
+            out.append(Conclusion(text + ": no measurable difference; fixed per-step costs set both.", SHOWN, expectation))
+        elif v.label != BETTER and v.shown:
+            out.append(Conclusion(text + ": the MoE is slower, what routing (a top-k, a gather per expert) costs on "
+                                  "top.", SHOWN, expectation))
+        elif v.label == BETTER and v.ratio > implausible_ratio:
+            busy = " and the machine was busy (quiet check)" if quiet is False else ""
+            out.append(Conclusion(
+                text + f": implausible. Per token the MoE computes what the dense model computes and reads more "
+                "weights, so no model difference explains a gap this large: one of the runs was disturbed "
+                f"(spread +/-{v.noise_rel:.0%}{busy}). Rerun with more REPEATS before reading anything into it.",
+                NOT_SHOWN, expectation))
+        elif v.label == BETTER:
+            out.append(Conclusion(text + ": the MoE came out faster, by less than an implausible margin; with "
+                                  f"{min(v.n_a, v.n_b)} run(s) each, read it as noise until more repeats agree.",
+                                  WITHIN_NOISE, expectation))
+        else:
+            out.append(Conclusion(text + ": not measured.", NOT_SHOWN, expectation))
+    return out
+
+
+def conclude_roofline_fit(runs: pd.DataFrame, bandwidth_gb_s: float) -> Conclusion:
+    """How far the tiny models stay below their bandwidth ceiling (MBU): fixed costs, not bytes, set their step."""
+    table = decode_table(runs)
+    top = table.loc[table["mbu"].idxmax()]
+    text = (f"at {bandwidth_gb_s:.1f} GB/s measured, the best memory-bandwidth utilization was {top.mbu:.3f} "
+            f"({top.model}, batch {top.batch}: {top.decode_tok_s:,.0f} tok/s vs a ceiling of "
+            f"{top.roofline_ceiling_tok_s:,.0f})")
+    expectation = "tiny models stay far below the bandwidth roofline"
+    if top.mbu < 0.5:
+        return Conclusion(text + ": a step's time is set by fixed costs (scheduling, kernel launches, the API "
+                          "server), not by reading the weights.", SHOWN, expectation)
+    return Conclusion(text + ": close to the roofline, so bytes read do set the step time on this machine.",
+                      NOT_SHOWN, expectation)
+
+
+def moe_gpu_caveat(dense: str, moe: str, dense_gb_per_step: float, moe_gb_per_step: float, gpu: str,
+                   gpu_bandwidth_gb_s: float) -> Conclusion:
+    """The labelled GPU statement: computed from published configs and a datasheet, not measured here."""
+    return Conclusion(
+        f"On a GPU (computed from the published configs and the datasheet, not measured here): at batch 1 {moe} reads "
+        f"{moe_gb_per_step:.1f} GB per step against {dense_gb_per_step:.1f} GB for {dense}, so on {gpu} "
+        f"({gpu_bandwidth_gb_s:,.0f} GB/s) its decode ceiling is {dense_gb_per_step / moe_gb_per_step:.1f}x the dense "
+        "model's. There, reading the weights is most of a step, so the bandwidth argument holds; the tiny models "
+        "here weigh a few MB, fit in the CPU's caches, and their steps are fixed costs, which is why their "
+        "comparison cannot show it.")
+
+
+def conclude_moe_on_paper(dense: str, moe: str, paper: dict[str, dict[str, float]], batch: int,
+                          distinct_experts: float, num_experts: int, moe_gb_at_batch: float) -> list[Conclusion]:
+    """The on-paper lesson (published configs): total vs active parameters, and the advantage fading with the batch."""
+    d, m = paper[dense], paper[moe]
+    return [
+        Conclusion(f"{moe}: {m['total_params_B']:.1f} B parameters in total but {m['active_params_B']:.1f} B active per "
+                   f"token ({dense}: {d['total_params_B']:.1f} B); at batch 1 it reads {m['bytes_read_batch1_GB']:.1f} GB "
+                   f"per step vs {d['bytes_read_batch1_GB']:.1f} GB for the dense model (computed from config.json)."),
+        Conclusion(f"At batch {batch} a layer touches {distinct_experts:.0f} of {num_experts} experts: {moe_gb_at_batch:.1f} GB "
+                   f"read per step against {m['bf16_weights_GB']:.1f} GB of weights in all, the MoE advantage in bytes "
+                   f"{'mostly gone' if moe_gb_at_batch > 0.5 * m['bf16_weights_GB'] else 'still there'}."),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper models (published config.json files) and the tiny ones on the roofline
+
+
+def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
+    """Per published model (``helpers/data/configs``): total and active parameters (B), experts, BF16 weights and
+    bytes read per decode step at batch 1 (GB), and the batch-1 decode ceiling on ``gpu`` (tokens/s)."""
+    from helpers.planning import roofline
+    from helpers.planning.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+
+    paper = {}
+    for name in models:
+        counts = count_params(REFERENCE_CONFIGS / f"{name}.json")
+        read = roofline.moe_bytes_per_step(counts, 1)
+        paper[name] = {"total_params_B": counts.total / 1e9, "active_params_B": counts.active / 1e9,
+                       "experts": counts.num_experts, "experts_per_token": counts.experts_per_token,
+                       "bf16_weights_GB": weight_bytes(counts) / 1e9, "bytes_read_batch1_GB": read / 1e9,
+                       f"decode_ceiling_batch1_tok_s_on_{gpu.name}": gpu.bandwidth_bytes_per_s / read}
+    return paper
+
+
+def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
+    """Per batch: distinct experts one layer of ``moe`` touches, and GB read per decode step by each model."""
+    from helpers.planning import roofline
+    from helpers.planning.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+
+    moe_counts = count_params(REFERENCE_CONFIGS / f"{moe}.json")
+    dense_gb = weight_bytes(count_params(REFERENCE_CONFIGS / f"{dense}.json")) / 1e9
+    return pd.DataFrame([{"batch": b,
+                          "distinct_experts_per_layer": roofline.expected_distinct_experts(
+                              moe_counts.num_experts, moe_counts.experts_per_token, b),
+                          f"{moe}_GB_read_per_step": roofline.moe_bytes_per_step(moe_counts, b) / 1e9,
+                          f"{dense}_GB_read_per_step": dense_gb} for b in batches])
+
+
+def tiny_roofline_points(tiny: pd.DataFrame, cpu: Any, input_len: int, output_len: int) -> list[Any]:
+    """The measured tiny-model decode steps (``decode_table`` rows) as points on this machine's roofline."""
+    from helpers.planning import roofline
+    from helpers.planning.memory import count_params, kv_cache_bytes
+    from helpers.core.settings import models_dir
+
+    points = []
+    for _, r in tiny.iterrows():
+        counts = count_params(models_dir() / r.model)
+        bound = roofline.decode_bound(cpu, roofline.moe_bytes_per_step(counts, r.batch), counts.active, r.batch,
+                                      input_len + output_len // 2, kv_cache_bytes(models_dir() / r.model).bytes_per_token)
+        points.append(roofline.decode_point(bound, r.server_step_ms / 1000, f"{r.model} B={r.batch}"))
+    return points
+
+
+def plot_tiny_decode(runs: pd.DataFrame, title: str = "Tiny dense vs tiny MoE on this machine") -> Any:
+    """Output tokens/s against batch per model: every run as a dot, the mean as a line; legend outside."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
+    for i, (name, part) in enumerate(runs.groupby("model")):
+        ax.scatter(part["batch"], part["decode_tok_s"], s=12, alpha=0.5, color=f"C{i}")
+        mean = part.groupby("batch")["decode_tok_s"].mean()
+        ax.plot(mean.index, mean.values, marker="o", color=f"C{i}", label=f"{name} (mean of runs)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent streams (batch)")
+    ax.set_ylabel("output tokens/s (server step time)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", title="dots: each run")
+    return fig
+
+
+def experts_share_outcome(distinct: float, num_experts: int) -> str:
+    """'a few (under 25%)', 'about half (25-75%)' or 'most of them (over 75%)' of the experts touched."""
+    share = distinct / num_experts
+    return "a few (under 25%)" if share < 0.25 else "about half (25-75%)" if share <= 0.75 else "most of them (over 75%)"

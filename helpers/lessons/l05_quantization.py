@@ -1,0 +1,354 @@
+"""Notebook 05's judgement: which quantized configurations this engine can serve, and what the run
+says about each one's size, KV capacity, speed and quality against the baseline.
+
+Speed is judged against the baseline's own run-to-run spread (the baseline is measured before and
+after the variants: ``helpers.core.comparison``); quality by the eval's McNemar test (``helpers.evals.suite``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from helpers.core.comparison import BETTER, SAME, WORSE, compare_samples
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.hardware.machine import capability, model_feature
+from helpers.measure.stream_timing import stream_chat
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.engine.session import Lab
+
+KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
+
+
+def skip_reason(profile: str, model_dir: Path | None = None, kv_cache_dtype: str | None = None) -> str | None:
+    """None when this engine can serve the checkpoint / KV dtype; else the one sentence that says why not."""
+    needs = [model_feature(model_dir) if model_dir is not None and model_dir.is_dir() else None,
+             KV_DTYPE_FEATURE.get(kv_cache_dtype or "")]
+    for need in filter(None, needs):
+        found = capability(need, profile)
+        if not found.ok:
+            return found.reason
+    return None
+
+
+def decode_rate_tok_s(lab: Lab, tokens: int = 16) -> float:
+    """Single-stream decode rate (tokens/s) of what the engine serves now: one short forced-length request."""
+    timing = stream_chat(lab.client, lab.model, [{"role": "user", "content": "hi"}], max_tokens=tokens,
+                         extra_body={"ignore_eos": True, "min_tokens": tokens})
+    if not timing.ok or not timing.tpot_s:
+        raise RuntimeError(f"the decode probe got no timing: {timing.error or 'fewer than two tokens'}")
+    return 1 / timing.tpot_s
+
+
+def chosen_kernels(engine_log: str) -> list[str]:
+    """The linear-layer kernels vLLM says it selected ("Selected X for Y"), from the engine's log."""
+    return list(dict.fromkeys(re.findall(r"Selected (\w+Kernel) for", engine_log)))
+
+
+def too_slow_reason(rate_tok_s: float, baseline_rate_tok_s: float, baseline_measure_s: float, max_measure_s: float,
+                    kernels: Sequence[str] = ()) -> str | None:
+    """None when the configuration's eval and load test fit in ``max_measure_s`` (estimated from the
+    baseline's measure time scaled by the decode rates); otherwise the sentence that says why it is skipped."""
+    estimate_s = baseline_measure_s * baseline_rate_tok_s / rate_tok_s
+    if estimate_s <= max_measure_s:
+        return None
+    kernel = f" (vLLM chose {', '.join(kernels)} for its linear layers)" if kernels else ""
+    return (f"Served, but it decodes {rate_tok_s:.1f} tokens/s against the baseline's {baseline_rate_tok_s:.0f} "
+            f"({baseline_rate_tok_s / rate_tok_s:.0f}x slower){kernel}: the same eval and load test would take about "
+            f"{estimate_s / 60:.0f} min, more than MAX_MEASURE_S ({max_measure_s:.0f} s), so it is not measured here. "
+            f"On a CPU without a native kernel for this format the weights go through a generic path; on a GPU with "
+            f"tensor cores for it (FP8: Ada, Hopper, Blackwell) the same checkpoint decodes at least as fast as BF16.")
+
+
+def conclusions(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[float], speed_column: str,
+                regressed: Mapping[str, list[str]], skipped: Mapping[str, str], profile: str) -> list[str]:
+    """One line per configuration (rows[0] is the baseline), then what the run shows overall.
+
+    ``baseline_speeds``: the baseline's ``speed_column`` in each of its runs (their spread is the noise);
+    ``regressed``: config -> eval categories that regressed beyond noise; ``skipped``: name -> reason."""
+    base = rows[0]
+    lines = [f"- {base['config']}: {_size(base)}KV capacity {_tokens(base)} tokens; {speed_column} "
+             f"{_mean(baseline_speeds):.0f} tok/s over {len(baseline_speeds)} run(s); eval {_eval(base)}."]
+    faster, slower, same, kv_grown = [], [], [], []
+    for row in rows[1:]:
+        verdict = compare_samples(baseline_speeds, [row[speed_column]])
+        {BETTER: faster, WORSE: slower, SAME: same}.get(verdict.label, []).append(row["config"])
+        size = ""
+        if row.get("size_on_disk_mb") and base.get("size_on_disk_mb"):
+            size = f"{row['size_on_disk_mb']:.1f} MB on disk ({row['size_on_disk_mb'] / base['size_on_disk_mb']:.2f}x), "
+        kv_ratio = (row["kv_capacity_tokens"] / base["kv_capacity_tokens"]
+                    if row.get("kv_capacity_tokens") and base.get("kv_capacity_tokens") else None)
+        if kv_ratio and kv_ratio > 1:
+            kv_grown.append((row["config"], kv_ratio))
+        quality = (f"regressed in {', '.join(regressed[row['config']])}" if regressed.get(row["config"])
+                   else "no regression beyond noise")
+        lines.append(f"- {row['config']}: {size}KV capacity {_tokens(row)} tokens"
+                     f"{f' ({kv_ratio:.2f}x)' if kv_ratio and kv_ratio != 1 else ''}; speed {verdict.describe()}: "
+                     f"{verdict.label}; eval {_eval(row)}: {quality}.")
+    lines += [f"- {name}: skipped. {reason}" for name, reason in skipped.items()]
+    lines += _overall(faster, slower, same, kv_grown, profile)
+    return lines
+
+
+def _overall(faster: list[str], slower: list[str], same: list[str], kv_grown: list[tuple[str, float]],
+             profile: str) -> list[str]:
+    out: list[str] = []
+    expectation = "fewer bits per weight decode faster"
+    if faster:
+        out.append(str(Conclusion(f"Faster than the baseline beyond its noise: {', '.join(faster)}.", SHOWN,
+                                  expectation)))
+    if not faster and (same or slower):
+        out.append(str(Conclusion(
+                   "No configuration was measurably faster than the baseline here"
+                   + (f" ({', '.join(slower)} slower)" if slower else "") + "."
+                   + (" The tiny model's weights (a few MB) sit in the CPU's caches, so a decode step is set by fixed "
+                      "per-step costs rather than bytes read, and the CPU kernels convert quantized weights on the fly. "
+                      "On a GPU serving a model of billions of parameters, decode is memory-bound: fewer bytes per "
+                      "weight means fewer bytes read per token, which is where the speed-up comes from (an expectation, "
+                      "not measured here)." if profile == "cpu" else ""),
+                   NOT_SHOWN if slower and not same else WITHIN_NOISE, expectation)))
+    for name, ratio in kv_grown:
+        out.append(f"- {name} holds {ratio:.2f}x the baseline's KV tokens in the same KV memory.")
+    if profile == "cpu":
+        out.append("- On the CPU profile the KV memory is fixed by --kv-cache-memory-bytes, so smaller weights do not "
+                   "grow it; on a GPU, what --gpu-memory-utilization leaves after the weights becomes KV cache, so every "
+                   "byte the weights shed is room for more tokens (notebook 02 computes how much).")
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _size(row: Mapping[str, Any]) -> str:
+    return f"{row['size_on_disk_mb']:.1f} MB on disk, " if row.get("size_on_disk_mb") else ""
+
+
+def _tokens(row: Mapping[str, Any]) -> str:
+    value = row.get("kv_capacity_tokens")
+    return f"{int(value):,}" if value is not None and value == value else "unknown"
+
+
+def _eval(row: Mapping[str, Any]) -> str:
+    return f"{row['all_pass_rate']:.1%} (95% CI {row['all_ci_low']:.1%}-{row['all_ci_high']:.1%})"
+
+
+# ---------------------------------------------------------------- notebook 05's measurements, step by step
+
+class QuantizationStudy:
+    """Notebook 05's run: the same eval and load test for the baseline, each quantized checkpoint and each
+    online option, one scorecard row each; what was skipped and why; the eval comparisons with the baseline."""
+
+    def __init__(self, lab: Lab, baseline: str, eval_suite: str, concurrencies: Sequence[int], input_len: int,
+                 output_len: int, num_requests: int, max_measure_s: float) -> None:
+        from helpers.evals.scorecard import Scorecard
+
+        self.lab, self.baseline, self.eval_suite = lab, baseline, eval_suite
+        self.concurrencies, self.input_len, self.output_len = list(concurrencies), input_len, output_len
+        self.num_requests, self.max_measure_s = num_requests, max_measure_s
+        self.card, self.skipped, self.comparisons = Scorecard(), {}, {}
+        self.baseline_runs: list[float] = []
+        self.speed = f"c{self.concurrencies[-1]}_output_tok_s"
+        self.profile = lab.settings.profile
+        self.baseline_config = lab.engine.config()
+        self.baseline_run: Any = None
+        self.baseline_rate_tok_s = self.baseline_measure_s = 0.0
+
+    @property
+    def regressed(self) -> dict[str, list[str]]:
+        """Configuration -> eval categories that regressed beyond noise against the baseline."""
+        return {name: c.regressed for name, c in self.comparisons.items()}
+
+    def describe(self) -> None:
+        """Print the engine's flags, the machine and whether it is quiet."""
+        from helpers.hardware.machine import check_quiet, describe
+
+        print("engine flags:", " ".join(self.lab.engine.args()) or "(set where the engine runs)")
+        machine = describe()
+        print(f"CPU: {machine['cpu']}, {machine['cores']} cores, {machine['isa']}" if self.profile == "cpu"
+              else f"engine: {self.profile} profile at {self.lab.settings.base_url}")
+        print(check_quiet(self.lab).message())
+
+    def measure(self, name: str, model: str) -> tuple[dict[str, Any], Any]:
+        """Same eval and same load test for whatever the engine serves now: one scorecard row and the eval run."""
+        from helpers.evals.suite import run_suite
+        from helpers.evals.scorecard import measure_config
+        from helpers.core.settings import models_dir
+
+        run = run_suite(self.lab, self.eval_suite)
+        path = models_dir() / model
+        row = measure_config(self.lab, name, self.concurrencies, self.input_len, self.output_len, self.num_requests,
+                             evals_run=run, model_dir=path if path.is_dir() else None)
+        return self.card.add(row), run
+
+    def skip(self, name: str, reason: str | None) -> bool:
+        """Record and print why a configuration is not measured; False when there is no reason."""
+        if reason:
+            self.skipped[name] = reason
+            print(f"{name}: skipped. {reason}")
+        return bool(reason)
+
+    def too_slow(self, name: str) -> bool:
+        """Probe what the engine serves now: skip it when its eval and load test would exceed max_measure_s."""
+        return self.skip(name, too_slow_reason(decode_rate_tok_s(self.lab), self.baseline_rate_tok_s,
+                                               self.baseline_measure_s, self.max_measure_s,
+                                               chosen_kernels(self.lab.engine.logs(1000))))
+
+    def measure_baseline(self) -> dict[str, Any]:
+        """The baseline's row (the engine switched to the baseline model first); its eval run is kept."""
+        import time
+
+        if self.lab.model != self.baseline:
+            self.lab.engine.switch_model(self.baseline)
+        self.baseline_config = self.lab.engine.config()  # what every step goes back to
+        started = time.monotonic()
+        row, self.baseline_run = self.measure("bf16 (baseline)", self.baseline)
+        self.baseline_measure_s, self.baseline_rate_tok_s = time.monotonic() - started, decode_rate_tok_s(self.lab)
+        self.baseline_runs.append(row[self.speed])
+        print(f"baseline measured in {self.baseline_measure_s:.0f} s; single-stream decode "
+              f"{self.baseline_rate_tok_s:.0f} tokens/s")
+        return row
+
+    def _judge(self, name: str, run: Any) -> None:
+        from helpers.evals.suite import compare
+
+        self.comparisons[name] = compare(self.baseline_run, run)
+        print(f"{name}: regressed categories: {self.comparisons[name].regressed or 'none'}")
+
+    def measure_checkpoints(self, models: Sequence[str]) -> None:
+        """Each quantized checkpoint this engine can serve: switch, same eval and load test; the engine goes
+        back to the baseline afterwards, whatever happens."""
+        from helpers.engine.interface import EngineStartError
+        from helpers.core.settings import models_dir
+
+        try:
+            for model in models:
+                name = model.removeprefix(self.baseline + "-") or model
+                if self.skip(name, skip_reason(self.profile, models_dir() / model)):
+                    continue
+                try:
+                    self.lab.engine.switch_model(model)
+                except EngineStartError as err:  # started but could not serve here: the engine rolled back
+                    self.skip(name, f"The engine could not serve it: {str(err).splitlines()[0]}")
+                    continue
+                if not self.too_slow(name):
+                    self._judge(name, self.measure(name, model)[1])
+        finally:
+            self.lab.engine.apply(self.baseline_config)
+
+    def measure_flags(self, flags: Sequence[tuple[str, str | None, str]]) -> None:
+        """Each (flag, value, name) on the baseline model, one after the other (one restart each: the next
+        flag replaces the last), then the baseline restored, whatever happens; a value None is left out."""
+        from dataclasses import replace
+
+        from helpers.engine.interface import EngineStartError
+        from helpers.core.vllm_args import with_flag
+
+        base = self.baseline_config
+        try:
+            for flag, value, name in flags:
+                if value is None:
+                    continue
+                if self.skip(name, skip_reason(self.profile,
+                                               kv_cache_dtype=value if flag == "--kv-cache-dtype" else None)):
+                    continue
+                try:
+                    self.lab.engine.apply(replace(base, args=with_flag(base.args, flag, value)))
+                except EngineStartError as err:  # vLLM refused it here: the engine is back on the last good one
+                    self.skip(name, f"vLLM refused it here: {str(err).splitlines()[0]}")
+                    continue
+                if not self.too_slow(name):
+                    self._judge(name, self.measure(name, self.baseline)[1])
+        finally:
+            if self.lab.engine.config() != base:
+                self.lab.engine.apply(base)
+
+    def measure_baseline_again(self) -> None:
+        """The baseline once more (after the variants): its spread against the first run is the noise."""
+        self.measure("bf16 (baseline, again)", self.baseline)
+        self.baseline_runs.append(self.card.rows.pop()[self.speed])
+
+    def table(self) -> Any:
+        """The scorecard: one row per measured configuration, the baseline first."""
+        return self.card.frame().reset_index()
+
+    def conclusions(self) -> list[str]:
+        """Notebook 05's lines (``conclusions``) on this run's numbers."""
+        return conclusions(self.table().to_dict("records"), self.baseline_runs, self.speed, self.regressed,
+                           self.skipped, self.profile)
+
+
+def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
+    """Is every quantized checkpoint smaller on disk than the baseline (rows[0])? (seen, the sizes in MB);
+    None when no checkpoint with a size was measured."""
+    base = rows[0].get("size_on_disk_mb") if rows else None
+    sized = [(r["config"], r["size_on_disk_mb"]) for r in rows[1:] if r.get("size_on_disk_mb")]
+    if not base or not sized:
+        return None, "no quantized checkpoint was measured in this run"
+    detail = ", ".join(f"{name} {mb:.1f} MB ({mb / base:.2f}x)" for name, mb in sized)
+    return all(mb < base for _, mb in sized), f"baseline {base:.1f} MB; {detail}"
+
+
+def kv_check(rows: Sequence[Mapping[str, Any]], name: str, skipped: Mapping[str, str]) -> tuple[bool | None, str]:
+    """Did configuration ``name`` (an FP8 KV cache) hold twice the baseline's KV tokens? None when not measured."""
+    row = next((r for r in rows if r["config"] == name), None)
+    base = rows[0].get("kv_capacity_tokens") if rows else None
+    if row is None or not base or not row.get("kv_capacity_tokens"):
+        return None, f"{name} not measured: {skipped.get(name, 'left out by the parameters')}"
+    ratio = row["kv_capacity_tokens"] / base
+    return abs(ratio - 2) < 0.05, (f"{int(base):,} -> {int(row['kv_capacity_tokens']):,} KV tokens ({ratio:.2f}x) "
+                                   "in the same KV memory")
+
+
+def eval_delta_outcome(comparison: Any) -> tuple[str, str]:
+    """'lower', 'about the same' or 'higher' for a variant's overall eval pass rate against the baseline's (a
+    change counts only when McNemar's p < 0.05 on the tasks that flipped), with the numbers."""
+    row = comparison.table.loc["all"]
+    diff, p = row["diff"], row.get("p_value")
+    significant = p is not None and p == p and p < comparison.alpha
+    outcome = "about the same" if not significant or not diff else ("lower" if diff < 0 else "higher")
+    p_text = f"McNemar p = {p:.3f}" if p is not None and p == p else "unpaired runs"
+    return outcome, (f"pass rate {row['rate_a']:.1%} -> {row['rate_b']:.1%} ({diff:+.1%}); {p_text}, "
+                     f"{int(row.get('pass_to_fail') or 0)} task(s) pass->fail, {int(row.get('fail_to_pass') or 0)} fail->pass")
+
+
+def fraction_outcome(ratio: float) -> str:
+    """'under 1/3', '1/3 to 2/3' or 'over 2/3' for a ratio."""
+    return "under 1/3" if ratio < 1 / 3 else "1/3 to 2/3" if ratio <= 2 / 3 else "over 2/3"
+
+
+def speed_conclusion(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[float], speed_column: str) -> Conclusion:
+    """Was any configuration (rows[1:]) faster than the baseline beyond the baseline's own spread?"""
+    labels = {r["config"]: compare_samples(baseline_speeds, [r[speed_column]]).label for r in rows[1:]}
+    faster = [n for n, label in labels.items() if label == BETTER]
+    slower = [n for n, label in labels.items() if label == WORSE]
+    if faster:
+        return Conclusion(f"faster than the baseline beyond its noise: {', '.join(faster)}", SHOWN)
+    if not labels:
+        return Conclusion("no quantized configuration was measured in this run", WITHIN_NOISE)
+    return Conclusion(f"none faster beyond the baseline's run-to-run spread ({len(baseline_speeds)} baseline runs)"
+                      + (f"; slower: {', '.join(slower)}" if slower else ""),
+                      NOT_SHOWN if slower and len(slower) == len(labels) else WITHIN_NOISE)
+
+
+def planned_kv_tokens(reference_config: str | Path, gpu: str, weight_dtype: str, kv_dtype: str = "bf16",
+                      max_model_len: int = 8192) -> int:
+    """KV-cache token slots the planner (``helpers.planning.memory.plan_memory``) gives the model of ``reference_config``
+    on ``gpu`` with its weights in ``weight_dtype``."""
+    from helpers.planning.memory import plan_memory
+
+    plan = plan_memory(Path(reference_config), gpu=gpu, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                       max_model_len=max_model_len)
+    if plan.kv_cache is None or plan.kv_cache.kv_cache_tokens <= 0:
+        raise ValueError(f"{Path(reference_config).stem} in {weight_dtype} leaves no KV memory on {gpu}: pick a "
+                         "bigger GPU or a smaller model")
+    return plan.kv_cache.kv_cache_tokens
+
+
+def growth_outcome(ratio: float) -> str:
+    """'about the same (under 1.1x)', '1.1x to 2x' or 'over 2x' for a growth ratio."""
+    return "about the same (under 1.1x)" if ratio < 1.1 else "1.1x to 2x" if ratio <= 2 else "over 2x"

@@ -1,0 +1,336 @@
+"""Tuning one flag at a time: decide keep or roll back from two scorecard rows, keep a cumulative log,
+and write the final configuration out as an engine command line or a Kubernetes manifest patch.
+
+The rule (``decide``) is deliberately simple and printed with its reasons: a change is kept only when
+the eval shows no regression beyond noise, the latency SLO still holds, and it either makes the chosen
+throughput better by more than the noise or keeps it (within the noise) while adding KV capacity.
+
+The thresholds come from this machine (``relative_rule``): the latency SLO is a multiple of the baseline's
+own p90 TTFT, and the noise margin is the larger of ``min_gain`` and the spread of the baseline's repeated
+runs, so a slow machine does not roll back every change and a noisy one does not keep noise.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples, relative_spread
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.vllm_args import EngineConfig, server_args
+from helpers.core.settings import GPU_MODEL, Settings, models_dir
+
+if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
+    from helpers.engine.session import Lab
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What "better" means for this tuning session: one throughput column and optional latency SLO."""
+
+    speed: str  # e.g. "c16_output_tok_s"
+    latency: str | None = None  # e.g. "c16_p90_ttft_ms"
+    max_latency_ms: float | None = None
+    min_gain: float = 0.03  # relative: the noise margin a change must beat
+    slo_x: float | None = None  # max_latency_ms = slo_x times the baseline's latency (relative_rule)
+    baseline_spread: float | None = None  # the baseline's run-to-run spread (relative), when repeated
+    noise_assumed: bool = False  # one baseline run: min_gain includes the assumed single-run noise
+
+    def describe(self) -> str:
+        """The rule in one sentence, with this machine's thresholds."""
+        margin = f"more than {self.min_gain:.0%}"
+        if self.noise_assumed:
+            margin += " (one run per configuration: the run-to-run noise is assumed; REPEATS >= 2 measures it)"
+        elif self.baseline_spread is not None:
+            margin += f" (the larger of the chosen margin and the baseline's run-to-run spread {self.baseline_spread:.0%})"
+        text = f"keep a change if {self.speed} improves by {margin}, or holds within it while adding KV capacity"
+        if self.latency and self.max_latency_ms is not None:
+            slo = f"{self.max_latency_ms:,.0f} ms"
+            if self.slo_x is not None:
+                slo += f" ({self.slo_x:g}x the baseline's)"
+            text += f"; {self.latency} must stay <= {slo}"
+        return text + "; and the eval must not regress."
+
+
+def relative_rule(baseline: dict[str, Any], speed: str, latency: str | None = None, min_gain: float = 0.03,
+                  slo_x: float = 1.5) -> Rule:
+    """A rule with this machine's thresholds: latency SLO = ``slo_x`` times the baseline row's ``latency``;
+    noise margin = the larger of ``min_gain`` and the spread of the baseline's repeated ``speed`` runs (with a
+    single run, of ``min_gain`` and the assumed ``SINGLE_RUN_NOISE_REL``)."""
+    runs = _runs(baseline, speed)
+    spread = relative_spread(runs) if len(runs) >= 2 else None
+    base_latency = baseline.get(latency) if latency else None
+    return Rule(speed=speed, latency=latency, max_latency_ms=None if base_latency is None else slo_x * base_latency,
+                min_gain=max(min_gain, SINGLE_RUN_NOISE_REL if spread is None else spread),
+                slo_x=slo_x if base_latency is not None else None, baseline_spread=spread,
+                noise_assumed=spread is None)
+
+
+def _runs(row: dict[str, Any], column: str) -> list[float]:
+    """The repeated values of a column (``<column>_runs``), else its single value."""
+    runs = row.get(f"{column}_runs")
+    if isinstance(runs, (list, tuple)) and runs:
+        return [float(v) for v in runs if v is not None]
+    value = row.get(column)
+    return [] if value is None or value != value else [float(value)]
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    reasons: tuple[str, ...]
+    speed_label: str = ""  # better, worse or no measurable difference (the speed alone, against the noise)
+
+
+def decide(current: dict[str, Any], candidate: dict[str, Any], rule: Rule, regressed: list[str] | None = None) -> Decision:
+    """Keep ``candidate`` over ``current`` (two scorecard rows)? ``regressed``: eval categories that got worse."""
+    reasons: list[str] = []
+    ok = True
+    if regressed:
+        ok = False
+        reasons.append(f"eval regressed in {', '.join(regressed)}")
+    if rule.latency and rule.max_latency_ms is not None:
+        value = candidate.get(rule.latency)
+        if value is None or value > rule.max_latency_ms:
+            ok = False
+            reasons.append(f"{rule.latency} {value if value is None else round(value, 1)} ms breaks the "
+                           f"{rule.max_latency_ms:g} ms SLO")
+    before, after = _runs(current, rule.speed), _runs(candidate, rule.speed)
+    if not before or not after:
+        return Decision(False, tuple(reasons + [f"no {rule.speed} to compare"]))
+    verdict = compare_samples(before, after, higher_is_better=True, single_run_noise_rel=rule.min_gain)
+    noise = max(verdict.noise_rel, rule.min_gain)
+    gain = verdict.ratio - 1
+    label = BETTER if gain > noise else WORSE if gain < -noise else SAME
+    kv_more = (candidate.get("kv_capacity_tokens") or 0) > (current.get("kv_capacity_tokens") or 0)
+    if label == BETTER:
+        reasons.append(f"{rule.speed} {gain:+.1%} (beyond the noise, +/-{noise:.0%})")
+    elif kv_more and label == SAME:
+        reasons.append(f"{rule.speed} {gain:+.1%}: no measurable difference (+/-{noise:.0%}) with more KV capacity "
+                       f"({current.get('kv_capacity_tokens'):,} -> {candidate.get('kv_capacity_tokens'):,} tokens)")
+    elif label == SAME:
+        ok = False
+        reasons.append(f"{rule.speed} {gain:+.1%}: no measurable difference (noise +/-{noise:.0%})")
+    else:
+        ok = False
+        reasons.append(f"{rule.speed} {gain:+.1%}: worse beyond the noise (+/-{noise:.0%})")
+    return Decision(ok, tuple(reasons), label)
+
+
+def measure_repeated(lab: Lab, name: str, concurrencies: list[int], input_len: int, output_len: int,
+                     num_requests: int, eval_suite: str | None = "smoke", repeats: int = 2) -> tuple[dict[str, Any], Any]:
+    """One scorecard row (helpers.evals.scorecard.measure_config) whose speed columns are the mean of ``repeats``
+    back-to-back load runs on the running engine, each kept in ``<column>_runs``; the eval runs once.
+    Returns the row and the eval run."""
+    from helpers.evals.suite import run_suite
+    from helpers.evals.scorecard import measure_config
+
+    run = run_suite(lab, eval_suite) if eval_suite else None
+    rows = [measure_config(lab, name, concurrencies, input_len, output_len, num_requests, suite=None,
+                           evals_run=run if i == 0 else None) for i in range(max(1, repeats))]
+    row = dict(rows[0])
+    for column in [k for k in row if k.startswith("c") and k.endswith(("_tok_s", "_ms"))]:
+        values = [r.get(column) for r in rows if r.get(column) is not None]
+        row[f"{column}_runs"] = values
+        row[column] = sum(values) / len(values) if values else None
+    return row, run
+
+
+@dataclass
+class TuningLog:
+    """The cumulative record: every step tried, its scorecard row and the decision."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, change: str, row: dict[str, Any], decision: Decision | None) -> None:
+        self.steps.append({"step": len(self.steps), "change": change,
+                           "kept": None if decision is None else decision.keep,
+                           "why": "baseline" if decision is None else "; ".join(decision.reasons), **row})
+
+    def frame(self):  # -> pandas.DataFrame
+        import pandas as pd
+
+        return pd.DataFrame(self.steps)
+
+
+def tuning_conclusions(scorecard: Any, rule: Rule) -> list[Conclusion]:
+    """What the tuning session found (a ``TuningLog.frame()``): the baseline, each change kept or rolled back
+    with its reason, and the final configuration against the baseline, judged against the noise margin."""
+    first = scorecard.iloc[0].to_dict()
+    steps = scorecard.iloc[1:]
+    spread = f", run-to-run spread {rule.baseline_spread:.0%}" if rule.baseline_spread is not None else ""
+    out = [Conclusion(f"Baseline: {first[rule.speed]:.0f} output tok/s at the top concurrency{spread}, "
+                      f"{rule.latency} {first.get(rule.latency) or float('nan'):,.0f} ms, KV capacity "
+                      f"{first.get('kv_capacity_tokens') or 0:,} tokens, eval {first.get('all_pass_rate', float('nan')):.0%}.")]
+    for _, r in steps.iterrows():
+        out.append(Conclusion(f"{r['change']}: {'kept' if r['kept'] == True else 'rolled back'} ({r['why']})."))
+    kept = steps[steps.kept == True]  # noqa: E712
+    if not len(kept):
+        return out + [Conclusion(f"Final: the baseline stays: none of the {len(steps)} changes beat it by more than the "
+                                 f"noise margin (+/-{rule.min_gain:.0%}) within the rules.", WITHIN_NOISE)]
+    last = kept.iloc[-1].to_dict()
+    before, after = _runs(first, rule.speed), _runs(last, rule.speed)
+    v = compare_samples(before, after, higher_is_better=True, single_run_noise_rel=rule.min_gain)
+    noise = max(v.noise_rel, rule.min_gain)
+    gain = v.ratio - 1
+    head = (f"Final: {last[rule.speed]:.0f} tok/s ({gain:+.1%} vs baseline), {rule.latency} "
+            f"{last.get(rule.latency) or float('nan'):,.0f} ms, KV {last.get('kv_capacity_tokens') or 0:,} tokens, eval "
+            f"{last.get('all_pass_rate', float('nan')):.0%}; {len(kept)} of {len(steps)} changes kept")
+    if gain > noise:
+        return out + [Conclusion(head + f": faster than the baseline beyond the noise (+/-{noise:.0%}).", SHOWN)]
+    if gain < -noise:
+        return out + [Conclusion(head + f": slower than the baseline beyond the noise (+/-{noise:.0%}): each step was "
+                                        "kept against the configuration before it, and small losses added up or the "
+                                        "machine slowed down; re-measure the baseline.", NOT_SHOWN)]
+    return out + [Conclusion(head + f": no measurable speed difference from the baseline (+/-{noise:.0%}); what was "
+                                    "kept bought KV capacity or held speed.", WITHIN_NOISE)]
+
+
+def cluster_model(settings: Settings) -> str:
+    """The model name a cluster serves: the served name on the gpu and k8s profiles; on the CPU profile,
+    whose tiny models only exist on this machine, the k8s profile's default MODEL_NAME."""
+    return settings.model if settings.profile != "cpu" else GPU_MODEL
+
+
+def _deployable_model(config: EngineConfig, model: str | None) -> str:
+    """``model`` when given; else the configuration's model unless it is a local path (then its served name)."""
+    if model:
+        return model
+    local = config.model.startswith(("/", "./", "../")) or config.model.startswith(str(models_dir()))
+    return config.served_name if local else config.model
+
+
+def command_line(config: EngineConfig, model: str | None = None) -> str:
+    """``vllm serve`` with the model (``model``, else the configuration's unless it is a local path), served
+    name, flags and environment, shell-quoted."""
+    config = replace(config, model=_deployable_model(config, model),
+                     served_name=config.served_name if model is None else model)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in config.env)
+    cmd = shlex.join(["vllm", "serve", *server_args(config, positional=True)])
+    return f"{env} {cmd}" if env else cmd
+
+
+def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: str = "vllm",
+                   model: str | None = None) -> str:
+    """A strategic-merge patch (YAML) that sets the vLLM container's args to ``config`` with the cluster's
+    ``model`` (else the configuration's unless it is a local path): add it to an overlay's ``patches:`` in
+    k8s/ so the next provisioning starts on the tuned flags."""
+    name = _deployable_model(config, model)
+    config = replace(config, model=name, served_name=config.served_name if model is None else model)
+    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment},
+             "spec": {"template": {"spec": {"containers": [{"name": container, "args": server_args(config)}]}}}}
+    return yaml.safe_dump(patch, sort_keys=False)
+
+
+def deployment_caveat(profile: str) -> Conclusion:
+    """What the written-out configuration is worth where it will run."""
+    if profile == "cpu":
+        return Conclusion("CPU vs GPU: these flags were tuned on the CPU lab's tiny model; the cluster serves "
+                          f"{GPU_MODEL} on a GPU, where the memory knob is --gpu-memory-utilization and the knee lies "
+                          "elsewhere. Treat the patch as the format, and run this notebook on the cluster "
+                          "(WORKSHOP_PROFILE=k8s) to get its numbers.")
+    return Conclusion("Tuned on this engine: the same flags on another GPU type need their own run.")
+
+
+# ---------------------------------------------------------------- the tuning session (notebook 08)
+
+@contextmanager
+def baseline_restored(engine: Any, baseline: EngineConfig | None = None, show: Callable[[str], None] = print):
+    """Run the block, then put ``engine`` back on ``baseline`` (default: its configuration on entry), also
+    when the block raises or is interrupted: a notebook stopped midway leaves the engine on its baseline."""
+    from helpers.core.vllm_args import describe_change
+
+    baseline = baseline or engine.config()
+    try:
+        yield baseline
+    finally:
+        now = engine.config()
+        if now != baseline:
+            show(f"Putting the engine back on its baseline ({describe_change(now, baseline)})...")
+            engine.apply(baseline)
+
+
+@dataclass
+class TuningRun:
+    """Where a tuning session ended: the kept row and eval, the configuration it reached, each flag change."""
+
+    current: dict[str, Any]
+    current_eval: Any
+    final: EngineConfig
+    changes: list[Any]  # helpers.engine.k8s_change.ManifestChange, one per change the engine accepted
+
+
+def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure: Callable[[str], tuple[dict, Any]],
+                            current: dict[str, Any], current_eval: Any, rule: Rule, log: TuningLog,
+                            model: str | None = None) -> TuningRun:
+    """For each (flag, value): change it (as a manifest change: helpers/engine/k8s_change.py), ``measure`` it,
+    keep it by ``rule`` or set the flag back; every step goes into ``log``. A flag vLLM refuses is rolled
+    back by the engine interface and logged as refused. ``model``: the cluster's model for the patches shown."""
+    from helpers.engine.interface import EngineStartError
+    from helpers.evals.suite import compare
+    from helpers.hardware.machine import check_quiet
+    from helpers.engine.k8s_change import change_one_flag
+    from helpers.core.vllm_args import flag_value
+
+    changes = []
+    for flag, value in candidates:
+        previous = flag_value(lab.engine.args(), flag)
+        change = f"{flag} {previous if previous is not None else '(default)'} -> {value}"
+        try:
+            changes.append(change_one_flag(lab.engine, flag, value, model))
+        except EngineStartError as err:
+            log.record(change, {"config": change}, None)
+            log.steps[-1].update(kept=False, why=f"vLLM refused it: {str(err).splitlines()[0]}")
+            continue
+        print(check_quiet(lab).message())
+        row, run = measure(change)
+        decision = decide(current, row, rule, compare(current_eval, run).regressed)
+        log.record(change, row, decision)
+        print(f"{'KEEP    ' if decision.keep else 'ROLLBACK'} {change}: {'; '.join(decision.reasons)}")
+        if decision.keep:
+            current, current_eval = row, run
+        else:
+            lab.engine.set_flag(flag, previous)
+    return TuningRun(current, current_eval, lab.engine.config(), changes)
+
+
+def kv_capacity_check(scorecard: Any, flag: str) -> tuple[bool | None, str]:
+    """Whether the step that changed ``flag`` (the memory knob) reported a different KV capacity than the
+    baseline: (seen, the numbers); None when the flag was not tried or the engine refused it."""
+    base = scorecard.iloc[0].get("kv_capacity_tokens")
+    steps = scorecard[scorecard["change"].astype(str).str.startswith(flag + " ")]
+    if steps.empty or "kv_capacity_tokens" not in steps or steps["kv_capacity_tokens"].isna().all() or not base:
+        return None, f"{flag} was not measured in this run (not a candidate, or the engine refused it)"
+    kv = steps["kv_capacity_tokens"].dropna().iloc[0]
+    return bool(kv != base), f"KV capacity {base:,.0f} tokens at the baseline, {kv:,.0f} with {steps.iloc[0]['change']}"
+
+
+def hypothetical_row(row: dict[str, Any], rule: Rule, speed_x: float = 1.0, latency_x: float = 1.0) -> dict[str, Any]:
+    """``row`` with its speed scaled by ``speed_x`` and its latency by ``latency_x`` (repeats included):
+    a candidate to try the rule on without a restart."""
+    out = dict(row)
+    for column, x in ((rule.speed, speed_x), (rule.latency, latency_x)):
+        if column and out.get(column) is not None:
+            out[column] = out[column] * x
+            if isinstance(out.get(f"{column}_runs"), (list, tuple)):
+                out[f"{column}_runs"] = [v * x for v in out[f"{column}_runs"]]
+    return out
+
+
+def rule_outcome(baseline: dict[str, Any], rule: Rule, speed_x: float = 1.0, latency_x: float = 1.0) -> tuple[str, str]:
+    """("kept" | "rolled back", the rule's reasons) for a candidate ``speed_x`` times as fast as ``baseline``
+    with ``latency_x`` times its latency and the same eval."""
+    decision = decide(baseline, hypothetical_row(baseline, rule, speed_x, latency_x), rule)
+    return ("kept" if decision.keep else "rolled back"), "; ".join(decision.reasons)
+
+
+def scorecard_view(scorecard: Any, top: int) -> Any:
+    """The scorecard's columns a reader compares (step, change, decision, KV, speed, latency, eval), rounded."""
+    columns = ["step", "change", "kept", "why", "kv_capacity_tokens", "c1_mean_tpot_ms", f"c{top}_output_tok_s",
+               f"c{top}_p90_ttft_ms", "all_pass_rate"]
+    return scorecard[[c for c in columns if c in scorecard]].round(2)

@@ -1,0 +1,248 @@
+"""Per-request streaming timings, named as a careful benchmark names them.
+
+- ``ttft_s``: send -> first token on any channel (content, reasoning or tool call).
+- ``ttfot_s``: send -> first visible content token (later than TTFT when a model reasons first).
+- ``tpot_s``: (t_last - t_first) / (n_out - 1), n_out from the server's usage.
+- ``itl_chunk_s``: gaps between consecutive token-carrying chunks (vLLM's ``vllm bench serve`` ITL).
+- ``itl_token_s``: the same gaps spread over the tokens each chunk carried (a chunk of k tokens
+  contributes k samples of gap/k).
+- ``client_queue_s``: scheduled -> sent, the time a request waited in the load generator itself
+  (a concurrency cap, a busy event loop). Zero-cost to ignore for single requests (``t_scheduled`` unset).
+Tokens per chunk come from the server (``stream_options.continuous_usage_stats``: a running
+``completion_tokens`` in every chunk), never from re-tokenizing text.
+The same definitions as vLLM's benchmark (``vllm bench serve``: vllm/benchmarks/serve.py, TTFT, TPOT
+and ITL) and the vLLM documentation's metrics design page. A stall shows in ``itl_chunk_s`` as one
+long gap; ``itl_token_s`` spreads it over the tokens that chunk carried, so a timeline uses the chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion
+
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+# A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
+STALL_FACTOR = 3.0
+
+
+@dataclass
+class StreamTiming:
+    """Times (``time.perf_counter`` seconds) and token counts of one streamed request."""
+
+    t_sent: float
+    t_first_byte: float | None = None
+    t_first_token: float | None = None
+    t_first_content: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each token-carrying chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens that chunk carried
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    text: str = ""
+    tool_call_text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    t_done: float | None = None
+    t_scheduled: float | None = None  # when a load generator meant to send it (None: sent at once)
+    usage: dict[str, Any] | None = None  # the server's last usage object (prompt/completion/total tokens)
+
+    def record_chunk(self, t: float, completion_tokens: int | None, content: str = "", other: str = "") -> None:
+        """Account one SSE chunk: ``completion_tokens`` is the server's running count."""
+        if self.t_first_byte is None:
+            self.t_first_byte = t
+        new_tokens = 0 if completion_tokens is None else completion_tokens - self.completion_tokens
+        if completion_tokens is None and (content or other):
+            new_tokens = 1  # server without usage stats: one token per chunk is the best we know
+        if new_tokens > 0:
+            self.chunk_times.append(t)
+            self.chunk_tokens.append(new_tokens)
+            self.completion_tokens += new_tokens
+            if self.t_first_token is None:
+                self.t_first_token = t
+        if content and self.t_first_content is None:
+            self.t_first_content = t
+        self.text += content
+        self.tool_call_text += other
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.t_first_token is not None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.t_first_token is None else self.t_first_token - self.t_sent
+
+    @property
+    def ttfot_s(self) -> float | None:
+        return None if self.t_first_content is None else self.t_first_content - self.t_sent
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.t_done is None else self.t_done - self.t_sent
+
+    @property
+    def t_last_token(self) -> float | None:
+        """Arrival of the last token-carrying chunk (perf_counter seconds)."""
+        return self.chunk_times[-1] if self.chunk_times else None
+
+    @property
+    def client_queue_s(self) -> float:
+        """Scheduled -> sent: time spent waiting inside the client (0 when never scheduled)."""
+        return 0.0 if self.t_scheduled is None else self.t_sent - self.t_scheduled
+
+    @property
+    def e2e_incl_queue_s(self) -> float | None:
+        """Scheduled -> done: what the user of an open-loop system actually waits."""
+        return None if self.e2e_s is None else self.e2e_s + self.client_queue_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.completion_tokens < 2 or not self.chunk_times:
+            return None
+        return (self.chunk_times[-1] - self.chunk_times[0]) / (self.completion_tokens - 1)
+
+    @property
+    def itl_chunk_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+    @property
+    def itl_token_s(self) -> list[float]:
+        out: list[float] = []
+        for gap, k in zip(self.itl_chunk_s, self.chunk_tokens[1:]):
+            out.extend([gap / k] * k)
+        return out
+
+    @property
+    def median_gap_s(self) -> float | None:
+        """Median gap between token-carrying chunks as they arrived (s); None with fewer than two chunks."""
+        return median(self.itl_chunk_s) if self.itl_chunk_s else None
+
+    @property
+    def longest_gap_s(self) -> float | None:
+        """Longest gap between token-carrying chunks as they arrived (s)."""
+        return max(self.itl_chunk_s) if self.itl_chunk_s else None
+
+    def chunk_gaps(self) -> list[tuple[int, float]]:
+        """(number of the chunk's last token, gap before that chunk in s) for every chunk after the first."""
+        ends, total = [], 0
+        for k in self.chunk_tokens:
+            total += k
+            ends.append(total)
+        return list(zip(ends[1:], self.itl_chunk_s))
+
+    def token_times_s(self) -> list[float]:
+        """Arrival time of every output token relative to send (tokens of one chunk share a time)."""
+        return [t - self.t_sent for t, k in zip(self.chunk_times, self.chunk_tokens) for _ in range(k)]
+
+    def summary(self) -> dict[str, Any]:
+        """The headline figures in milliseconds, for a table."""
+        ms = lambda v: None if v is None else round(v * 1000, 2)  # noqa: E731
+        return {"ttft_ms": ms(self.ttft_s), "ttfot_ms": ms(self.ttfot_s), "tpot_ms": ms(self.tpot_s),
+                "e2e_ms": ms(self.e2e_s), "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "chunks": len(self.chunk_times),
+                "error": self.error}
+
+
+def stream_chat(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int = 128,
+                on_chunk: Callable[[StreamTiming], None] | None = None, **kwargs: Any) -> StreamTiming:
+    """Stream one chat completion and time it; errors are recorded, not raised.
+
+    ``on_chunk`` is called with the timing after every chunk (e.g. to know that a stream is decoding)."""
+    kwargs.setdefault("temperature", 0.0)
+    timing = StreamTiming(t_sent=time.perf_counter())
+    try:
+        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, stream=True,
+                                                stream_options=STREAM_OPTIONS, **kwargs)
+        for chunk in stream:
+            now = time.perf_counter()
+            usage = getattr(chunk, "usage", None)
+            content, other = "", ""
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                content = delta.content or ""
+                reasoning = getattr(delta, "reasoning", None) or getattr(delta, "reasoning_content", None) or ""
+                calls = "".join((tc.function.name or "") + (tc.function.arguments or "")
+                                for tc in (delta.tool_calls or []) if tc.function)
+                other = reasoning + calls
+                timing.finish_reason = chunk.choices[0].finish_reason or timing.finish_reason
+            timing.record_chunk(now, usage.completion_tokens if usage else None, content, other)
+            if usage is not None:
+                timing.prompt_tokens = usage.prompt_tokens
+            if on_chunk is not None:
+                on_chunk(timing)
+    except Exception as err:  # noqa: BLE001 - a failed request is a result, kept with its error
+        timing.error = f"{type(err).__name__}: {err}"
+    timing.t_done = time.perf_counter()
+    return timing
+
+
+def conclude_stream(timing: StreamTiming, stall_factor: float = STALL_FACTOR) -> list[Conclusion]:
+    """What one streamed request showed: TTFT, TPOT, and whether the tokens came at a steady pace
+    (longest gap between chunks within ``stall_factor`` x the median gap) or with a stall."""
+    if not timing.ok or timing.tpot_s is None or timing.median_gap_s is None:
+        return [Conclusion(f"The streamed request gave too few tokens to time ({timing.completion_tokens}; "
+                           f"error: {timing.error}).", NOT_SHOWN, "tokens arrive at a steady pace")]
+    tpot_ms, med_ms, top_ms = timing.tpot_s * 1000, timing.median_gap_s * 1000, timing.longest_gap_s * 1000
+    first = Conclusion(f"First token after {timing.ttft_s * 1000:,.0f} ms (prefill, plus any queueing); then "
+                       f"{timing.completion_tokens - 1} more tokens at one every {tpot_ms:.1f} ms on average "
+                       f"({1000 / tpot_ms:.0f} tokens/s for one stream).")
+    expectation = "after the first token, tokens arrive at a steady pace (one decode step each)"
+    ratio = top_ms / med_ms if med_ms > 0 else float("inf")
+    if ratio <= stall_factor:
+        return [first, Conclusion(f"the gaps between chunks had a median of {med_ms:.1f} ms and a longest of "
+                                  f"{top_ms:.1f} ms ({ratio:.1f}x the median).", SHOWN, expectation)]
+    stall_token = max(timing.chunk_gaps(), key=lambda g: g[1])[0]
+    without = (timing.chunk_times[-1] - timing.chunk_times[0] - timing.longest_gap_s) / max(1, timing.completion_tokens - 2)
+    return [first, Conclusion(
+        f"one gap of {top_ms:,.0f} ms before token {stall_token}, {ratio:.0f}x the median gap of {med_ms:.1f} ms: "
+        f"a stall (the engine or this client did not run: a busy machine, another request's prefill), not the "
+        f"decode pace. The average TPOT of {tpot_ms:.1f} ms includes it; without that gap it is "
+        f"{without * 1000:.1f} ms.", NOT_SHOWN, expectation)]
+
+
+# ---------------------------------------------------------------- try it yourself: a longer answer
+
+LENGTH_CHOICES = ("only TTFT grows", "only the total time grows", "both grow", "neither grows")
+
+
+def time_lengths(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: list[int], repeats: int = 2,
+                 progress: bool | None = None) -> list[dict[str, Any]]:
+    """Stream the same request at each ``max_tokens`` in turn (A/B/A/B, ``repeats`` rounds, ``ignore_eos``);
+    one row per request: max_tokens, round, ttft_s, e2e_s, completion_tokens."""
+    from helpers.core.progress import steps
+
+    plan = [(r, n) for r in range(1, repeats + 1) for n in max_tokens]
+    rows = []
+    for round_, n in steps(plan, "streams", "request", progress, label=lambda p: f"max_tokens {p[1]}"):
+        t = stream_chat(client, model, messages, max_tokens=n, extra_body={"ignore_eos": True})
+        if not t.ok:
+            raise RuntimeError(f"the streamed request failed: {t.error}. Check the engine (`workshop status`).")
+        rows.append({"max_tokens": n, "round": round_, "ttft_s": t.ttft_s, "e2e_s": t.e2e_s,
+                     "completion_tokens": t.completion_tokens})
+    return rows
+
+
+def length_outcome(rows: list[dict[str, Any]], ttft_same_within: float = 0.5,
+                   total_same_within: float = 0.25) -> tuple[str, str]:
+    """Which of TTFT and the total time grew from the shortest to the longest ``max_tokens`` of ``time_lengths``
+    rows (medians over the rounds), as one of LENGTH_CHOICES, with the numbers. TTFT, a few ms, is noisier:
+    it counts as grown only beyond ``ttft_same_within`` (a fraction), the total beyond ``total_same_within``."""
+    short, long_ = min(r["max_tokens"] for r in rows), max(r["max_tokens"] for r in rows)
+
+    def med(n: int, key: str) -> float:
+        return median(r[key] for r in rows if r["max_tokens"] == n)
+
+    ttft = (med(short, "ttft_s"), med(long_, "ttft_s"))
+    total = (med(short, "e2e_s"), med(long_, "e2e_s"))
+    ttft_grew = ttft[1] > ttft[0] * (1 + ttft_same_within)
+    total_grew = total[1] > total[0] * (1 + total_same_within)
+    outcome = LENGTH_CHOICES[{(True, False): 0, (False, True): 1, (True, True): 2, (False, False): 3}[(ttft_grew, total_grew)]]
+    detail = (f"max_tokens {short} -> {long_}: TTFT {ttft[0] * 1000:,.0f} -> {ttft[1] * 1000:,.0f} ms, total "
+              f"{total[0]:.2f} -> {total[1]:.2f} s (medians of {len(rows) // 2} rounds). The prompt is the same, so the "
+              "prefill behind TTFT is too; each extra token is one more decode step.")
+    return outcome, detail

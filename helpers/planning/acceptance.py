@@ -1,0 +1,106 @@
+"""Speculative decoding's expected accepted length: the formula for independent guesses, (1 - a^(k+1)) / (1 - a)
+tokens per verification step (Leviathan et al. 2023), against what vLLM's spec-decode counters measured.
+
+Pure arithmetic on run tables (``helpers.lessons.l06_speculative.measure_speculation`` rows: ``spec_drafts`` and
+``per_position_acceptance``), so a figure module may use it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+
+
+def expected_accepted_length(a: float, k: int) -> float:
+    """Tokens per verification step (the target's bonus token included) when each of ``k`` guesses is accepted
+    with probability ``a`` independently of the others: (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023, "Fast
+    Inference from Transformers via Speculative Decoding", eq. 1)."""
+    if not 0 <= a <= 1:
+        raise ValueError(f"an acceptance rate is a fraction between 0 and 1, not {a}")
+    if k < 0:
+        raise ValueError("k (guesses per step) must be >= 0")
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def _pooled_positions(group: pd.DataFrame) -> tuple[float, list[float] | None]:
+    """(drafts, per-position acceptance) pooled over runs, each run weighted by its number of drafts."""
+    drafts, counts = 0.0, None
+    for _, r in group.iterrows():
+        n, rates = r.get("spec_drafts"), r.get("per_position_acceptance")
+        if not n or not isinstance(rates, (list, tuple)) or not rates:
+            continue
+        counts = [0.0] * len(rates) if counts is None else counts + [0.0] * (len(rates) - len(counts))
+        for i, rate in enumerate(rates):
+            counts[i] += rate * n
+        drafts += n
+    return drafts, None if counts is None or not drafts else [c / drafts for c in counts]
+
+
+def expected_length_table(runs: pd.DataFrame, k_by_config: dict[str, int], concurrency: int) -> pd.DataFrame:
+    """Formula against measurement, one row per speculative configuration at ``concurrency``: ``a`` (the first
+    guess's acceptance, from vLLM's per-position counters), the formula's accepted length for ``a`` and k, the
+    measured one (1 + accepted / drafts), their difference, the per-position acceptance and each position's
+    acceptance given the one before was accepted (``conditional``: all equal to a if guesses were i.i.d.)."""
+    rows = []
+    for config, k in k_by_config.items():
+        group = runs[(runs.config == config) & (runs.concurrency == concurrency)]
+        drafts, rates = _pooled_positions(group) if "per_position_acceptance" in group else (0.0, None)
+        if not rates:
+            continue
+        a = rates[0]
+        conditional = [a] + [rates[i] / rates[i - 1] if rates[i - 1] else float("nan") for i in range(1, len(rates))]
+        measured, formula = 1 + sum(rates), expected_accepted_length(a, k)
+        rows.append({"config": config, "k": k, "drafts": int(drafts), "a_first_guess": a, "formula_length": formula,
+                     "measured_length": measured, "difference": measured - formula,
+                     "per_position": [round(r, 3) for r in rates], "conditional": [round(c, 3) for c in conditional]})
+    return pd.DataFrame(rows)
+
+
+def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
+    """How close the formula (i.i.d. acceptance) came to the measured accepted length for k > 1 (at k = 1 the two
+    agree by construction), and why they differ: the conditional per-position acceptance. Shown when every k > 1
+    is within ``within`` (a fraction) of the measurement."""
+    tested = table[(table.k > 1) & (table.drafts > 0)] if len(table) else table
+    if not len(tested):
+        return Conclusion("no speculative configuration with k > 1 proposed drafts in this run: the formula was not "
+                          "tested (at k = 1 it matches by construction)", WITHIN_NOISE)
+    parts, worst, why, directions = [], 0.0, [], set()
+    for _, r in tested.iterrows():
+        rel = r.difference / r.measured_length if r.measured_length else 0.0
+        worst = max(worst, abs(rel))
+        parts.append(f"{r.config}: formula {r.formula_length:.2f} vs measured {r.measured_length:.2f} tokens per step "
+                     f"({rel:+.0%}, a = {r.a_first_guess:.0%})")
+        later = [c for c in r.conditional[1:] if c == c]
+        if later and abs(rel) > within:
+            direction = "higher" if sum(later) / len(later) > r.a_first_guess else "lower"
+            directions.add(direction)
+            why.append(f"{r.config}: after an accepted guess the next one was kept {', '.join(f'{c:.0%}' for c in later)} of the "
+                       f"time against a = {r.a_first_guess:.0%} for the first ({direction})")
+    text = "; ".join(parts)
+    if worst <= within:
+        return Conclusion(f"{text}: within {within:.0%}, so acceptance behaved about as if each guess were an "
+                          "independent coin of probability a", SHOWN)
+    because = {"higher": "once a draft is in an easy stretch (tool-call syntax, a copied name) its later guesses are "
+                         "kept more often than the first, so the formula under-counts",
+               "lower": "a guess further ahead builds on the draft's own earlier guesses and drifts from the target, "
+                        "so later positions are kept less often than the first, and the formula over-counts"}
+    reason = ("acceptance is not independent per position: " + "; ".join(why) + ". "
+              + "; while ".join(because[d] for d in ("higher", "lower") if d in directions)
+              + "; a wrong guess ends the step, whatever the later guesses were") if why else \
+        "the per-position rates do not explain it (too few drafts to read them)"
+    return Conclusion(f"{text}: the formula is off by up to {worst:.0%}: {reason}", NOT_SHOWN)
+
+
+def length_gain_outcome(gain_tokens: float) -> str:
+    """'under 0.25 tokens', '0.25 to 1 token' or 'over 1 token' per step."""
+    return "under 0.25 tokens" if gain_tokens < 0.25 else "0.25 to 1 token" if gain_tokens <= 1 else "over 1 token"
+
+
+def more_guesses(a: float, k_from: int, k_to: int) -> tuple[float, str]:
+    """Tokens per step gained by guessing ``k_to`` instead of ``k_from`` tokens at first-guess acceptance ``a``
+    (the formula), with the numbers and the ceiling 1 / (1 - a) that no k exceeds."""
+    before, after = expected_accepted_length(a, k_from), expected_accepted_length(a, k_to)
+    ceiling = "no ceiling (every guess accepted)" if a >= 1 else f"no k gives more than 1/(1-a) = {1 / (1 - a):.2f}"
+    return after - before, (f"a = {a:.0%}: k={k_from} gives {before:.2f} tokens per step, k={k_to} {after:.2f} "
+                            f"({after - before:+.2f}), while each extra guess costs a draft step; {ceiling}")
