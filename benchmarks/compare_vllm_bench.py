@@ -39,7 +39,8 @@ import pandas as pd
 
 from helpers.measure.bench_results import summarize
 from helpers.engine.session import make_engine
-from helpers.measure.loadgen import Load, Workload, prompt_factory, run_load
+from helpers.measure.loadgen import prompt_factory, run_load
+from helpers.measure.workloads import Load, Workload
 from helpers.core.settings import load_settings
 
 FIELDS = ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",

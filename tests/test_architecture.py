@@ -189,3 +189,6 @@ def test_the_package_stays_small_enough_to_read():
         modules = [p for p in package.parent.glob("*.py") if p.name != "__init__.py"]
         modules += [p for p in package.parent.iterdir() if (p / "__init__.py").is_file()]
         assert len(modules) <= LIMITS["modules_per_package"], f"{package.parent.name} holds {len(modules)}"
+    long = {module_name(p): n for p in HELPERS.rglob("*.py") if (n := len(p.read_text().splitlines())) >
+            LIMITS["lines_per_module"]}
+    assert long == {}, f"modules over {LIMITS['lines_per_module']} lines: {long}"

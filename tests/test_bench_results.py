@@ -11,7 +11,8 @@ import pytest
 
 from helpers.measure.bench_results import (client_lag_warning, load_json, requests_frame, save_csv, save_json, summarize,
                                    sweep_table)
-from helpers.measure.loadgen import Load, LoadResult, RequestRecord, Workload
+from helpers.measure.loadgen import LoadResult, RequestRecord
+from helpers.measure.workloads import Load, Workload
 from helpers.measure.stream_timing import StreamTiming
 
 

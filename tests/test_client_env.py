@@ -18,6 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from fakes import engine_environment
 from helpers.lab.notebooks import REPO_ROOT, workshop_notebooks
 from helpers.engine.session import connect
 from helpers.core.settings import CONTRACT_VARIABLES, load_settings
@@ -101,15 +102,12 @@ def test_client_env_has_no_vllm_and_imports_every_helper_module_a_notebook_uses(
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory: pytest.TempPathFactory):
     """The real local engine, started from the suite's full environment on its own port and state dir."""
-    saved = dict(os.environ)
-    for name in CONTRACT_VARIABLES:
-        os.environ.pop(name, None)
-    os.environ.update(WORKSHOP_PORT=PORT, WORKSHOP_STATE_DIR=str(tmp_path_factory.mktemp("client-engine-state")))
-    lab = connect(load_settings())
-    yield lab.settings.base_url
-    lab.engine.stop()
-    os.environ.clear()
-    os.environ.update(saved)
+    with engine_environment(PORT, tmp_path_factory.mktemp("client-engine-state")):
+        lab = connect(load_settings())
+        try:
+            yield lab.settings.base_url
+        finally:
+            lab.engine.stop()
 
 
 @pytest.mark.engine

@@ -109,7 +109,7 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
 
 
 def test_planner_predicts_vllm_kv_capacity_to_the_token(lab):
-    from helpers.planning.memory import compare_with_engine, predict_cpu_engine_kv
+    from helpers.lessons.l02_memory import compare_with_engine, predict_cpu_engine_kv
     from helpers.measure.server_metrics import scrape
 
     predicted = predict_cpu_engine_kv(lab.engine.config().model, lab.engine.args())

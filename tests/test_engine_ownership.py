@@ -19,11 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fakes import engine_environment, held_port
 from helpers.engine.interface import EngineError, default_config
-from helpers.engine.local import (STATE_MARK, LocalEngine, end_processes, parse_state, port_holder, port_lock, start_phase,
-                                  session_members)
+from helpers.engine.local import LocalEngine, parse_state, start_phase
+from helpers.engine.process import STATE_MARK, end_processes, port_holder, port_lock, session_members
 from helpers.engine.session import connect
-from helpers.core.settings import CONTRACT_VARIABLES, load_settings, state_dir
+from helpers.core.settings import load_settings, state_dir
 
 PORT = int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 7  # beside the integration suite's port
 
@@ -80,10 +81,7 @@ def test_status_and_down_say_when_the_state_file_names_a_dead_or_reused_pid(caps
 
 
 def test_a_port_held_by_another_program_refuses_start_and_restart_naming_it():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        port = sock.getsockname()[1]
+    with held_port() as port:
         engine = LocalEngine(load_settings({"WORKSHOP_PORT": str(port)}))
         status = engine.status()
         assert f"held by pid {os.getpid()}" in status["port"] and "not an engine the helpers started" in status["port"]
@@ -146,17 +144,11 @@ def test_port_holder_finds_the_listening_process():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    saved = dict(os.environ)
-    for name in CONTRACT_VARIABLES:
-        os.environ.pop(name, None)
-    state = tmp_path_factory.mktemp("owned-engine")
-    os.environ.update(WORKSHOP_PORT=str(PORT), WORKSHOP_STATE_DIR=str(state))
-    yield state
-    try:
-        LocalEngine(load_settings()).stop()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with engine_environment(PORT, tmp_path_factory.mktemp("owned-engine")) as state:
+        try:
+            yield state
+        finally:
+            LocalEngine(load_settings()).stop()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import time
 import pytest
 from fake_vllm import serve_json
 
+from fakes import held_port
 from helpers.engine.interface import EngineError, ExternalEngine, default_config, log_excerpt, resolve_model
 from helpers.engine.local import LocalEngine
 from helpers.core.vllm_args import EngineConfig, flag_value
@@ -35,10 +36,7 @@ def test_local_engine_refuses_an_external_endpoint():
 
 
 def test_port_in_use_is_reported_before_starting_anything():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        port = sock.getsockname()[1]
+    with held_port() as port:
         engine = LocalEngine(load_settings({"WORKSHOP_PORT": str(port)}))
         with pytest.raises(EngineError, match=f"Port {port} is already in use"):
             engine.start(timeout_s=5)

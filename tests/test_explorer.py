@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from helpers.lessons import l02_memory as explorer  # noqa: E402
 from helpers.hardware.gpus import GPUS  # noqa: E402
-from helpers.planning.memory import GIB  # noqa: E402
+from helpers.planning.shape import GIB  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.cluster import provision as pv
+from helpers.cluster import overlays
 from helpers.lab.notebooks import REPO_ROOT
 from helpers.lab.workspace import START_HERE, lesson_files
 from helpers.cli.provision import main as provision_main
@@ -64,7 +64,7 @@ def test_the_base_is_the_pinned_docker_stacks_image_of_the_cluster_manifests():
     name, _, tag = base.partition(":")
     kustomization = yaml.safe_load((REPO_ROOT / "k8s" / "base" / "kustomization.yaml").read_text())
     pinned = {i["name"]: i.get("newTag") for i in kustomization["images"]}
-    assert name == pv.BASE_NOTEBOOK_IMAGE and tag and tag != "latest" and tag == pinned[name]
+    assert name == overlays.BASE_NOTEBOOK_IMAGE and tag and tag != "latest" and tag == pinned[name]
 
 
 def test_each_target_installs_only_through_the_install_script_as_the_notebook_user():
@@ -176,7 +176,8 @@ def test_provision_writes_the_images_into_the_rendered_deployments(tmp_path):
                                "--engine-image", "mirror.example/vllm/vllm-openai@sha256:" + "a" * 64])
     assert code == 0
     assert "note: the notebooks run" not in stdout.getvalue()
-    assert json.loads((out / pv.SETTINGS_FILE).read_text())["notebook_image"].endswith("workshop-notebook:2026-09-01")
+    settings = json.loads((out / overlays.SETTINGS_FILE).read_text())
+    assert settings["notebook_image"].endswith("workshop-notebook:2026-09-01")
     built = subprocess.run([*_kustomize(), str(out / "ws-02")], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     objs = [d for d in yaml.safe_load_all(built.stdout) if d]
@@ -207,8 +208,8 @@ def test_an_unpinned_or_malformed_image_is_refused_before_anything_is_written(tm
 
 
 def test_image_references_are_split_into_name_tag_and_digest():
-    assert pv.image_override("x", "workshop-notebook:2026", "--f") == {"name": "x", "newName": "workshop-notebook",
-                                                                       "newTag": "2026"}
+    assert overlays.image_override("x", "workshop-notebook:2026", "--f") == {
+        "name": "x", "newName": "workshop-notebook", "newTag": "2026"}
     digest = "sha256:" + "b" * 64
-    assert pv.image_override("x", f"localhost:5000/nb:1@{digest}", "--f") == {
+    assert overlays.image_override("x", f"localhost:5000/nb:1@{digest}", "--f") == {
         "name": "x", "newName": "localhost:5000/nb", "newTag": "1", "digest": digest}

@@ -31,7 +31,7 @@ from helpers.engine import k8s as ke
 from helpers.engine.interface import EngineError, EngineStartError, default_config
 from helpers.engine.session import EndpointError, connect, make_engine
 from helpers.core.vllm_args import EngineConfig, flag_value
-from helpers.cluster.provision import K8S_DIR
+from helpers.cluster.overlays import K8S_DIR
 from helpers.core.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers.cluster import provision as pv
+from helpers.cluster import overlays
 from helpers.engine.interface import default_config
 from helpers.cli.provision import main as provision_main
 from helpers.core.settings import load_settings
 
-K8S = pv.K8S_DIR
+K8S = overlays.K8S_DIR
 K8S_VERSION = "1.33"  # the oldest minor release the kit targets; schemas ship with kubernetes-validate
 PARTICIPANTS = 3
 
@@ -96,7 +96,7 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     if kustomize_command() is None:
         pytest.skip("neither kustomize nor kubectl is installed: cannot build offline")
     out = tmp_path_factory.mktemp("variant")
-    pv.render(1, "gke", pv.MOE_MODEL, "h100", out, domain="lab.example.com",
+    overlays.render(1, "gke", overlays.MOE_MODEL, "h100", out, domain="lab.example.com",
               node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"})
     return build(out / "gke-01")
 
@@ -204,11 +204,13 @@ def test_provisioned_objects_carry_the_managed_by_and_participant_labels(built):
     for number, objs in enumerate(built.values(), start=1):
         for obj in objs:
             labels = obj["metadata"]["labels"]
-            assert labels[pv.MANAGED_BY_LABEL] == pv.MANAGED_BY
-            assert labels[pv.PARTICIPANT_LABEL] == f"{number:02d}"
+            assert labels[overlays.MANAGED_BY_LABEL] == overlays.MANAGED_BY
+            assert labels[overlays.PARTICIPANT_LABEL] == f"{number:02d}"
         for deployment in find(objs, "Deployment"):
-            assert deployment["spec"]["template"]["metadata"]["labels"][pv.MANAGED_BY_LABEL] == pv.MANAGED_BY
-            assert pv.MANAGED_BY_LABEL not in deployment["spec"]["selector"]["matchLabels"]  # selectors are immutable
+            template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert template_labels[overlays.MANAGED_BY_LABEL] == overlays.MANAGED_BY
+            selector = deployment["spec"]["selector"]["matchLabels"]
+            assert overlays.MANAGED_BY_LABEL not in selector  # selectors are immutable
 
 
 # ---------------------------------------------------------------- pods
@@ -274,9 +276,9 @@ def test_engine_args_are_the_labs_baseline_and_the_model_is_consistent(built, va
         assert tuple(args[4:]) == gpu_baseline, ns
         predownload = (engine_cm["PREDOWNLOAD_MODELS"] + " " + engine_cm["PREDOWNLOAD_EXTRA_MODELS"]).split()
         assert model in predownload
-        assert set(pv.LAB_MODELS) - {pv.MOE_MODEL} <= set(predownload)
+        assert set(overlays.LAB_MODELS) - {overlays.MOE_MODEL} <= set(predownload)
         assert engine_cm["HF_HUB_OFFLINE"] == "1"
-    assert one(variant, "ConfigMap", "workshop-engine")["data"]["MODEL_NAME"] == pv.MOE_MODEL
+    assert one(variant, "ConfigMap", "workshop-engine")["data"]["MODEL_NAME"] == overlays.MOE_MODEL
 
 
 def test_the_service_is_not_named_vllm(built):
@@ -317,7 +319,7 @@ def test_gpu_types_resize_the_engine_and_the_variant_has_ingress_and_moe(static_
     assert requests(variant)["memory"] == "48Gi"
     assert one(variant, "Deployment", "vllm")["spec"]["template"]["spec"]["nodeSelector"] == {
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
-    assert one(variant, "ConfigMap", "workshop-engine")["data"]["PREDOWNLOAD_EXTRA_MODELS"] == pv.MOE_MODEL
+    assert one(variant, "ConfigMap", "workshop-engine")["data"]["PREDOWNLOAD_EXTRA_MODELS"] == overlays.MOE_MODEL
     assert one(variant, "PersistentVolumeClaim", "model-cache")["spec"]["resources"]["requests"]["storage"] == "120Gi"
     ingress = one(variant, "Ingress", "notebook")["spec"]
     assert ingress["rules"][0]["host"] == "gke-01.lab.example.com" == ingress["tls"][0]["hosts"][0]
@@ -327,16 +329,16 @@ def test_gpu_types_resize_the_engine_and_the_variant_has_ingress_and_moe(static_
 
 def test_secrets_reach_the_cluster_objects_but_no_plain_file_or_stdout(provisioned, built):
     out = provisioned["out"]
-    values = pv.secret_values(out)
+    values = overlays.secret_values(out)
     assert len(values) == 2 * PARTICIPANTS  # a notebook token and an engine API key each
-    plain = [p for p in out.rglob("*") if p.is_file() and pv.SECRETS_DIR not in p.parts]
+    plain = [p for p in out.rglob("*") if p.is_file() and overlays.SECRETS_DIR not in p.parts]
     plain += [p for p in K8S.rglob("*") if p.is_file()]
     for path in plain:
         content = path.read_bytes()
         assert not [v for v in values if v.encode() in content], path
     assert not [v for v in values if v in provisioned["stdout"]]
     for ns, objs in built.items():
-        token = (out / ns / pv.SECRETS_DIR / "notebook-token").read_text()
+        token = (out / ns / overlays.SECRETS_DIR / "notebook-token").read_text()
         secret = one(objs, "Secret", "notebook-token")
         assert base64.b64decode(secret["data"]["token"]).decode() == token  # no trailing newline either
 

@@ -9,7 +9,7 @@ import pytest
 from helpers.planning import kv_reuse
 from helpers.core.conclusion import NOT_SHOWN, SHOWN
 from helpers.hardware.gpus import GPUS, get_gpu
-from helpers.planning.memory import REFERENCE_CONFIGS
+from helpers.planning.shape import REFERENCE_CONFIGS
 
 LLAMA = kv_reuse.prefix_model(REFERENCE_CONFIGS / "Llama-3.1-8B.json")
 A100 = get_gpu("A100 80GB SXM")

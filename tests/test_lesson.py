@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
-from helpers.core.lesson import NOT_SEEN, SEEN, UNDECIDED, check_prediction, ratio_outcome, should_see, should_see_conclusion
+from helpers.core.lesson import (NOT_SEEN, SEEN, UNDECIDED, check_prediction, ratio_outcome, should_see, should_see_conclusion,
+                                 show_conclusions)
 
 
 @pytest.mark.parametrize("seen, outcome", [(True, SEEN), (np.bool_(False), NOT_SEEN), (None, UNDECIDED),
@@ -25,6 +26,16 @@ def test_should_see_refuses_a_verdict_it_does_not_know():
 def test_should_see_conclusion_takes_the_verdict_and_sentence():
     check = should_see_conclusion("fp8 KV doubles the tokens", Conclusion("2.0x the tokens", NOT_SHOWN), show=False)
     assert (check.outcome, check.detail) == (NOT_SEEN, "2.0x the tokens")
+
+
+def test_show_conclusions_checks_each_against_its_own_expectation_in_order(capsys):
+    checks = show_conclusions([Conclusion("TTFT grew 4x", SHOWN, "TTFT grows with the prompt"),
+                               Conclusion("TPOT moved 2%", WITHIN_NOISE, "TPOT stays flat")])
+    assert [(c.claim, c.outcome) for c in checks] == [("TTFT grows with the prompt", SEEN),
+                                                        ("TPOT stays flat", UNDECIDED)]
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and "TTFT grows with the prompt" in printed[0] and "TPOT moved 2%" in printed[3]
+    assert show_conclusions([]) == []
 
 
 def test_a_prediction_is_checked_against_the_run(capsys):

@@ -12,7 +12,8 @@ import pytest
 from fake_vllm import MODEL, FakeVllm
 
 from helpers.measure.bench_results import summarize
-from helpers.measure.loadgen import (Load, LoadError, Workload, arrival_offsets, arun_load, run_load, run_sweep)
+from helpers.measure.loadgen import arun_load, run_load, run_sweep
+from helpers.measure.workloads import Load, LoadError, Workload, arrival_offsets
 from helpers.core.settings import Settings
 
 

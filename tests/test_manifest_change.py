@@ -12,32 +12,12 @@ import pytest
 import yaml
 
 from helpers.engine import k8s_change as mc
-from helpers.engine.interface import Engine
-from helpers.cluster.provision import K8S_DIR
+from fakes import RecordingEngine
+from helpers.cluster.overlays import K8S_DIR
 from helpers.core.vllm_args import EngineConfig, flag_value, with_flag
 
 CONFIG = EngineConfig(model="/home/me/models/tiny-agent", served_name="tiny-agent",
                       args=("--max-model-len", "4096", "--max-num-seqs", "16"))
-
-
-class RecordingEngine(Engine):
-    """Keeps a configuration in memory and records each apply: what the local branch calls."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self._config, self.applied = config, []
-
-    def config(self) -> EngineConfig:
-        return self._config
-
-    def apply(self, config: EngineConfig, timeout_s: float | None = None) -> None:
-        self.applied.append(config)
-        self._config = config
-
-    def logs(self, lines: int = 50) -> str:
-        return ""
-
-    def stop(self) -> None:
-        pass
 
 
 def test_the_patch_sets_only_the_vllm_containers_args():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.planning.memory import REFERENCE_CONFIGS
+from helpers.planning.shape import REFERENCE_CONFIGS
 from helpers.hardware import gpus
 from helpers.cli import planner as planner_cli
 
@@ -72,6 +72,7 @@ def test_memory_table(capsys: pytest.CaptureFixture[str]) -> None:
                  "0.4", "--max-model-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "4,022,468,096 total" in out and "147,456 B/token" in out
+    assert "does not fit: 7.5 GiB of weights + 1.5 GiB of vLLM overhead fill" in out  # fit_verdict, as notebook 02
     assert "vLLM will refuse to start" in out
 
 

@@ -1,6 +1,6 @@
 """Every weight format the planner knows has a native-hardware row with a source."""
 
-from helpers.planning.memory import WEIGHT_FORMATS
+from helpers.planning.weights import WEIGHT_FORMATS
 from helpers.planning.quant_formats import NATIVE_HARDWARE
 
 
@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers.hardware.machine import cpu_info  # noqa: E402
-from helpers.planning.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.planning.shape import REFERENCE_CONFIGS  # noqa: E402
 from helpers.planning.quant_formats import (format_ladder, gguf_bits_per_weight, installed_vllm_methods,  # noqa: E402
                                    ladder_check, machine_verdict, map_disagreements, quantization_map, schemes)
 

@@ -77,7 +77,7 @@ import pytest  # noqa: E402
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
 from helpers.evals.suite import Comparison  # noqa: E402
-from helpers.planning.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.planning.shape import REFERENCE_CONFIGS  # noqa: E402
 from helpers.lessons.l05_quantization import (eval_delta_outcome, fraction_outcome, growth_outcome, kv_check,  # noqa: E402
                                   planned_kv_tokens, size_check, speed_conclusion)
 

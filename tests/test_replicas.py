@@ -120,7 +120,7 @@ def test_replicas_serving_another_model_than_model_name_are_restarted_on_it(monk
 def test_the_lesson_starts_replicas_only_beside_a_local_cpu_engine(env, words):
     from types import SimpleNamespace
 
-    from helpers.engine.replicas import lesson_replica_set
+    from helpers.lessons.l07_saturation import lesson_replica_set
 
     found, start_it, why = lesson_replica_set(SimpleNamespace(settings=load_settings(env)), 2)
     assert found is None and not start_it and words in why
@@ -129,7 +129,7 @@ def test_the_lesson_starts_replicas_only_beside_a_local_cpu_engine(env, words):
 def test_the_lesson_uses_the_workshop_replica_set_as_it_is_or_starts_one_beside(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from helpers.engine.replicas import lesson_replica_set
+    from helpers.lessons.l07_saturation import lesson_replica_set
 
     own = ReplicaSet(load_settings({"WORKSHOP_PORT": "8850"}), 3)
     assert lesson_replica_set(own, 2) == (own, False, "")  # never started or stopped by the notebook

@@ -15,12 +15,14 @@ import os
 import psutil
 import pytest
 
+from fakes import engine_environment
 from helpers.cli import main as cli
-from helpers.engine.local import STATE_MARK, port_holder
+from helpers.engine.process import STATE_MARK, port_holder
 from helpers.engine.replicas import ReplicaSet, replica_set_for
-from helpers.measure.routing import AgentWorkload, compare_policies, conclude_affinity, replica_failure_run
+from helpers.measure.failover import replica_failure_run
+from helpers.measure.routing import AgentWorkload, compare_policies, conclude_affinity
 from helpers.core.conclusion import SHOWN
-from helpers.core.settings import CONTRACT_VARIABLES, load_settings
+from helpers.core.settings import load_settings
 
 pytestmark = pytest.mark.engine
 PORT = int(os.environ.get("WORKSHOP_TEST_PORT", "8765"))
@@ -51,22 +53,16 @@ def _ours(state_dir: str) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def replica_set(tmp_path_factory):
-    saved = dict(os.environ)
-    for name in CONTRACT_VARIABLES:
-        os.environ.pop(name, None)
-    state = tmp_path_factory.mktemp("replicas-state")
-    os.environ.update(WORKSHOP_PORT=str(PORT), WORKSHOP_STATE_DIR=str(state))
-    try:
-        code, out = _cli("up", "--replicas", "2", "--router", "round_robin")
-        assert code == 0, out
-        engine = replica_set_for(load_settings())
-        assert isinstance(engine, ReplicaSet)
-        yield engine
-    finally:
-        with contextlib.suppress(Exception):
-            ReplicaSet(load_settings(), 2).stop()
-        os.environ.clear()
-        os.environ.update(saved)
+    with engine_environment(PORT, tmp_path_factory.mktemp("replicas-state")):
+        try:
+            code, out = _cli("up", "--replicas", "2", "--router", "round_robin")
+            assert code == 0, out
+            engine = replica_set_for(load_settings())
+            assert isinstance(engine, ReplicaSet)
+            yield engine
+        finally:
+            with contextlib.suppress(Exception):
+                ReplicaSet(load_settings(), 2).stop()
 
 
 def test_router_and_two_replicas_serve_and_status_lists_them(replica_set):

@@ -9,9 +9,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers.planning.memory import REFERENCE_CONFIGS
 from helpers.hardware import gpus
-from helpers.planning import memory, roofline
+from helpers.planning import roofline
+from helpers.planning.shape import REFERENCE_CONFIGS, count_params
+from helpers.planning.weights import active_weight_bytes, weight_bytes
 
 CONFIGS = REFERENCE_CONFIGS
 
@@ -30,7 +31,7 @@ def test_gpu_lookup_ignores_case_and_punctuation() -> None:
 @pytest.mark.parametrize("gpu,ceiling", [("L4", 37), ("RTX 4000 Ada", 45), ("A100 80GB SXM", 253),
                                          ("H100 SXM", 416), ("H200", 597)])
 def test_batch1_ceiling_qwen3_4b_matches_model_math(gpu: str, ceiling: int) -> None:
-    weights = memory.weight_bytes(CONFIGS / "Qwen3-4B.json", "bf16")
+    weights = weight_bytes(CONFIGS / "Qwen3-4B.json", "bf16")
     assert round(roofline.single_stream_tokens_per_s(gpus.get_gpu(gpu), weights)) == ceiling
     bound = roofline.decode_bound(gpus.get_gpu(gpu), weights, 4_022_468_096)
     assert bound.bound == "memory" and bound.tokens_per_s == pytest.approx(ceiling, abs=0.5)
@@ -67,14 +68,14 @@ def test_expected_distinct_experts_qwen3_30b() -> None:
 
 
 def test_moe_bytes_per_step_between_active_and_total() -> None:
-    counts = memory.count_params(CONFIGS / "Qwen3-30B-A3B.json")
-    assert roofline.moe_bytes_per_step(counts, 1) == pytest.approx(memory.active_weight_bytes(counts))
-    assert roofline.moe_bytes_per_step(counts, 10_000) == pytest.approx(memory.weight_bytes(counts))
+    counts = count_params(CONFIGS / "Qwen3-30B-A3B.json")
+    assert roofline.moe_bytes_per_step(counts, 1) == pytest.approx(active_weight_bytes(counts))
+    assert roofline.moe_bytes_per_step(counts, 10_000) == pytest.approx(weight_bytes(counts))
     at8 = roofline.moe_bytes_per_step(counts, 8)
     expert = 3 * 2048 * 768 * 2
     assert at8 - roofline.moe_bytes_per_step(counts, 1) == pytest.approx(48 * (51.60 - 8) * expert, rel=1e-3)
-    dense = memory.count_params(CONFIGS / "Qwen3-4B.json")
-    assert roofline.moe_bytes_per_step(dense, 32) == memory.weight_bytes(dense)
+    dense = count_params(CONFIGS / "Qwen3-4B.json")
+    assert roofline.moe_bytes_per_step(dense, 32) == weight_bytes(dense)
 
 
 def test_prefill_flops_ttft_and_mbu() -> None:

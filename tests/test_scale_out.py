@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.measure.routing import (AgentWorkload, FailureRun, PolicyComparison, account, busiest_replica, conclude_affinity,
-                               conclude_failure, conclude_later_turns, cpu_caveat, gpu_expectation, replica_rows,
-                               requests_frame, session_id, system_prompt, total_hit_rate, user_turn)
+from helpers.measure.failover import FailureRun, busiest_replica, conclude_failure
+from helpers.measure.routing import (AgentWorkload, PolicyComparison, account, conclude_affinity, conclude_later_turns,
+                                     cpu_caveat, gpu_expectation, replica_rows, requests_frame, session_id,
+                                     system_prompt, total_hit_rate, user_turn)
 from helpers.measure.server_metrics import parse_metrics
 
 METRICS = (Path(__file__).parent / "fixtures" / "vllm_metrics.txt").read_text()
@@ -153,7 +154,7 @@ def test_split_cost_conclusion_names_both_sides_and_the_ratio():
 
 def test_a_skipped_scale_out_run_says_why_everywhere():
     from helpers.lessons import plots
-    from helpers.measure.routing import ScaleOutRun
+    from helpers.lessons.l07_saturation import ScaleOutRun
 
     run = ScaleOutRun(skipped="The engine runs in a cluster: ...")
     assert run.affinity().verdict == WITHIN_NOISE and "cluster" in run.affinity().text
@@ -167,7 +168,7 @@ def test_a_scale_out_run_concludes_from_its_numbers():
     import matplotlib.pyplot as plt
 
     from helpers.lessons import plots
-    from helpers.measure.routing import ScaleOutRun
+    from helpers.lessons.l07_saturation import ScaleOutRun
 
     rows = [{**r, "e2e_s": 1.0} for r in (_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0),
                                           _row(True, t=3.0), _row(True, t=20.0))]
@@ -179,6 +180,7 @@ def test_a_scale_out_run_concludes_from_its_numbers():
     assert "Killed replica 1" in story and "1.5 s" in story and "did not send it a request again" in story
     assert "The router retried 2 time(s); 0 request(s) ran out of retries." in story
     survival = run.survival()  # restarted but never back in the rotation: not survived, whatever else went well
+    assert failure.story(run.worker_urls) == story and str(failure.survival()) == str(survival)  # what the CLI prints
     assert survival.verdict == NOT_SHOWN and "did not get requests" in survival.text
     assert [str(c) for c in run.conclusions()][-1] == str(survival) and len(run.conclusions()) == 7
     assert str(run.conclusions()[0]).startswith("- round_robin over 2 replicas: prefix-cache hit rate 50.0%, TTFT turn 1 200 ms, later turns 1,400 ms")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.planning.memory import count_params
+from helpers.planning.shape import count_params
 from helpers.tiny.build import DRAFT_SHAPE, ModelShape, MoeShape, build_sibling, model_config
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

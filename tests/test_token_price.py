@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from helpers.planning import token_price as tp  # noqa: E402
 from helpers.hardware.gpus import HOURLY_PRICES, get_gpu, hourly_price  # noqa: E402
-from helpers.planning.memory import REFERENCE_CONFIGS  # noqa: E402
+from helpers.planning.shape import REFERENCE_CONFIGS  # noqa: E402
 
 SWEEP = pd.DataFrame({"concurrency": [1, 4, 16], "output_throughput": [10.0, 36.0, 48.0],
                       "median_tpot_ms": [100.0, 111.0, 333.0]})

@@ -7,6 +7,8 @@ import yaml
 from helpers.core.vllm_args import EngineConfig
 import pytest
 
+from fakes import RecordingEngine
+
 from helpers.lessons.l08_tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
 
 RULE = Rule(speed="c16_output_tok_s", latency="c16_p90_ttft_ms", max_latency_ms=1000, min_gain=0.03)
@@ -119,20 +121,6 @@ def test_the_deployed_configuration_names_the_clusters_model_not_a_local_path():
     assert str(models_dir()) not in manifest_patch(local) and "tiny-agent" in command_line(local)
 
 
-class _Engine:
-    """A configuration in memory; apply records each call (what baseline_restored touches)."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self._config, self.applied = config, []
-
-    def config(self) -> EngineConfig:
-        return self._config
-
-    def apply(self, config: EngineConfig, timeout_s: float | None = None) -> None:
-        self.applied.append(config)
-        self._config = config
-
-
 @pytest.mark.parametrize("interrupted", [True, False])
 def test_the_baseline_comes_back_when_the_block_is_stopped_midway_or_not(interrupted):
     from dataclasses import replace
@@ -140,7 +128,7 @@ def test_the_baseline_comes_back_when_the_block_is_stopped_midway_or_not(interru
     from helpers.lessons.l08_tuning import baseline_restored
 
     base = EngineConfig(model="m", served_name="m", args=("--max-num-seqs", "16"))
-    engine, said = _Engine(base), []
+    engine, said = RecordingEngine(base), []
     try:
         with baseline_restored(engine, show=said.append):
             engine.apply(replace(base, args=("--max-num-seqs", "32")))

@@ -27,7 +27,7 @@ from helpers.cli import main as cli
 from helpers.hardware import forced_isa
 from helpers.core import kit_paths, settings
 from helpers.lab import notebooks, workspace
-from helpers.cluster import provision
+from helpers.cluster import overlays
 
 REPO = Path(__file__).resolve().parent.parent
 # What a build leaves in a tree, and the environments beside it: not copied (pip builds in the copy, not here)
@@ -206,7 +206,7 @@ def test_a_clone_uses_its_own_folders(monkeypatch):
     assert notebooks.NOTEBOOK_DIR == workspace.NOTEBOOK_DIR == REPO / "notebooks"
     assert notebooks.DEFAULT_OUT == REPO / "build" / "executed"
     assert workspace.DEFAULT_WORKSPACE == REPO / "my-notebooks"
-    assert provision.K8S_DIR == REPO / "k8s" and settings.models_dir() == REPO / "models"
+    assert overlays.K8S_DIR == REPO / "k8s" and settings.models_dir() == REPO / "models"
     assert (forced_isa.SITE_DIR / "sitecustomize.py").is_file() and (workspace.JUPYTERLAB_SETTINGS).is_dir()
 
 
@@ -215,7 +215,7 @@ def test_a_missing_kit_folder_is_one_line_that_says_how_to_get_it(monkeypatch, t
     assert cli.main(["notebooks", "--dir", str(tmp_path / "ws")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "has no notebooks/ folder" in err and "every notebook is current" not in err
-    monkeypatch.setattr(provision, "K8S_DIR", tmp_path / "nothing")
+    monkeypatch.setattr(overlays, "K8S_DIR", tmp_path / "nothing")
     assert cli.main(["provision", "--participants", "1", "--dry-run", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"has no k8s/ folder (looked in {tmp_path / 'nothing'})" in err

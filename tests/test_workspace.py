@@ -129,7 +129,7 @@ def test_workshop_notebooks_syncs_and_resets_from_the_command_line(tmp_path, cap
 def test_lab_opens_jupyterlab_on_the_copies_at_start_here_and_the_committed_ones_stay_clean(tmp_path, monkeypatch):
     before = {p.name: p.read_bytes() for p in NOTEBOOK_DIR.glob("*.ipynb")}
     started = {}
-    monkeypatch.setattr(cli, "cmd_up", lambda args: 0)
+    monkeypatch.setattr(cli, "start_engine", lambda timeout_s, command: 0)
     monkeypatch.setattr(cli.os, "execv", lambda exe, cmd: started.update(cmd=cmd))
     ws = tmp_path / "work"
     assert cli.main(["lab", "--dir", str(ws), "--no-browser"]) == 0
@@ -149,7 +149,7 @@ def test_lab_opens_jupyterlab_on_the_copies_at_start_here_and_the_committed_ones
 
 
 def test_lab_refuses_the_committed_folder_before_the_engine_starts(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "cmd_up", lambda args: pytest.fail("the engine must not start"))
+    monkeypatch.setattr(cli, "start_engine", lambda timeout_s, command: pytest.fail("the engine must not start"))
     assert cli.cmd_lab(argparse.Namespace(dir=str(NOTEBOOK_DIR), jupyter_args=[])) == 2
     assert "give another directory" in capsys.readouterr().err
 
@@ -170,7 +170,7 @@ def test_start_here_is_copied_first_and_can_be_reset_by_name(tmp_path):
 
 def test_lab_keeps_the_learners_own_settings_and_layouts_dirs(tmp_path, monkeypatch):
     started = {}
-    monkeypatch.setattr(cli, "cmd_up", lambda args: 0)
+    monkeypatch.setattr(cli, "start_engine", lambda timeout_s, command: 0)
     monkeypatch.setattr(cli.os, "execv", lambda exe, cmd: started.update(cmd=cmd))
     assert cli.main(["lab", "--dir", str(tmp_path / "work"), "--LabApp.app_settings_dir=/mine"]) == 0
     assert [a for a in started["cmd"] if "app_settings_dir" in a] == ["--LabApp.app_settings_dir=/mine"]

@@ -2,15 +2,23 @@
 
 ``number_type`` is an argparse ``type=`` that refuses what a subcommand cannot use (negative, zero, not
 finite, out of range) with a one-line usage error; ``output_path_problem`` says before a run why a file
-could not be written, so minutes of measurement do not end in a traceback.
+could not be written, so minutes of measurement do not end in a traceback; ``error`` prints the one line every
+subcommand ends with when it refuses.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
+
+
+def error(message: str) -> int:
+    """Print ``error: message`` on stderr; the exit code of a refused command (2, as argparse's usage errors)."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def checked_number(text: str, kind: type = int, minimum: float | None = 1, maximum: float | None = None,

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from helpers.measure import bench_results, server_metrics
-from helpers.cli.args import checked_number, output_path_problem
-from helpers.measure.loadgen import Load, LoadError, Workload, run_sweep, sweep_loads
+from helpers.cli.args import checked_number, error, output_path_problem
+from helpers.measure.loadgen import run_sweep, sweep_loads
+from helpers.measure.workloads import Load, LoadError, Workload
 from helpers.engine.session import EndpointError, check_endpoint
 from helpers.core.settings import SettingsError, load_settings
 
@@ -85,10 +86,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=run_metrics)
 
-
-def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def _number(flag: str, text: str, kind: type = int, minimum: float = 1, above: bool = False) -> Any:
@@ -188,7 +185,7 @@ def run_bench(args: argparse.Namespace) -> int:
         model = args.model or settings.model
         check_endpoint(settings, model)
     except (UsageError, SettingsError, EndpointError) as err:
-        return _error(str(err))
+        return error(str(err))
     from helpers.engine.replicas import replica_set_for  # a replica set behind the router: per-replica figures too
     from helpers.measure.routing import per_replica_report, replica_snapshots
 
@@ -198,7 +195,7 @@ def run_bench(args: argparse.Namespace) -> int:
         results = run_sweep(settings, workload, model=model, metrics=not args.no_metrics, progress=args.progress,
                             **sweep)
     except LoadError as err:
-        return _error(str(err))
+        return error(str(err))
     except KeyboardInterrupt:
         print("interrupted before any run finished", file=sys.stderr)
         return 1
@@ -226,7 +223,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.csv:
             print(f"saved {bench_results.save_csv(summaries, args.csv)}")
     except OSError as err:
-        return _error(f"could not save the results ({err.strerror or err}: {err.filename}); the table above has them")
+        return error(f"could not save the results ({err.strerror or err}: {err.filename}); the table above has them")
     stopped = [s for s in summaries if s["interrupted"]]
     if stopped:
         print(f"stopped early: {stopped[-1]['stop_reason']}", file=sys.stderr)
@@ -306,11 +303,11 @@ def run_metrics(args: argparse.Namespace) -> int:
         if args.file:
             path = Path(args.file)
             if not path.is_file():
-                return _error(f"no such file: {path}")
+                return error(f"no such file: {path}")
             try:
                 text = path.read_text()
             except (OSError, UnicodeDecodeError) as err:
-                return _error(f"cannot read {path} as text ({type(err).__name__}): give a saved /metrics text")
+                return error(f"cannot read {path} as text ({type(err).__name__}): give a saved /metrics text")
             snap = server_metrics.parse_metrics(text, args.model)
         elif args.url is None and (replicas := _replica_metrics_urls()):
             return _print_replica_metrics(replicas, args)
@@ -318,7 +315,7 @@ def run_metrics(args: argparse.Namespace) -> int:
             url = args.url or load_settings().metrics_url
             snap = server_metrics.scrape(url, model=args.model)
     except (server_metrics.MetricsError, SettingsError) as err:
-        return _error(str(err))
+        return error(str(err))
     values = server_metrics.normalized(snap)
     if args.json:
         print(json.dumps(values, indent=1))

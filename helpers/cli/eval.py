@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 
 from helpers.evals import suite as evals
-from helpers.cli.args import number_type, output_path_problem
+from helpers.cli.args import error, number_type, output_path_problem
 from helpers.engine.interface import EngineError
 from helpers.engine.session import EndpointError, connect
 from helpers.core.settings import SettingsError, load_settings
@@ -42,10 +42,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="compare run B against baseline run A instead of running")
     p.set_defaults(func=run_eval)
 
-
-def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def _percent(value: float | None) -> str:
@@ -84,9 +80,9 @@ def _compare(path_a: str, path_b: str) -> int:
     try:
         a, b = evals.load_run(path_a), evals.load_run(path_b)
     except OSError as err:
-        return _error(f"cannot read {err.filename} ({err.strerror or err}); give a file written by `workshop eval --json`")
+        return error(f"cannot read {err.filename} ({err.strerror or err}); give a file written by `workshop eval --json`")
     except (ValueError, KeyError, TypeError) as err:
-        return _error(str(err) if isinstance(err, ValueError) else
+        return error(str(err) if isinstance(err, ValueError) else
                       f"a run file is malformed ({type(err).__name__}: {err}); give files written by `workshop eval --json`")
     result = evals.compare(a, b)
     print(f"A: {path_a}  {a.suite} v{a.suite_version}  {a.model}")
@@ -111,14 +107,14 @@ def run_eval(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json), ("--csv", args.csv)):
         problem = output_path_problem(flag, path)
         if problem:
-            return _error(problem)
+            return error(problem)
     try:
         suite = evals.load_suite(args.suite)
         lab = connect(load_settings(), start=False)
         run = evals.run_suite(lab, suite, evals.EvalSettings(seed=args.seed, max_tokens=args.max_tokens),
                               progress=sys.stderr.isatty())
     except (ValueError, SettingsError, EndpointError, EngineError) as err:  # EngineError: MODEL_NAME not shipped
-        return _error(str(err))
+        return error(str(err))
     print(f"{run.suite} v{run.suite_version}: {len(run.rows)} tasks against {run.model} at "
           f"{evals.safe_endpoint(run.endpoint)} in {run.wall_s:.1f} s (temperature {run.settings.temperature}, "
           f"seed {run.settings.seed})")

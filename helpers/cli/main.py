@@ -19,6 +19,7 @@ from typing import Any
 from helpers.cli import args as cli_args
 from helpers.core import kit_paths
 from helpers.core.settings import SettingsError, load_settings
+from helpers.core.vllm_args import ROUTER_POLICIES
 
 # The subcommands other modules register, by module, in --help's order: named here so that a module that cannot
 # be imported (a package of an extra is missing) still lists its subcommands, each saying what to install.
@@ -77,16 +78,24 @@ def _vllm_missing() -> bool:
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the engine for the profile (or find the running one) and print the endpoint."""
     if load_settings().managed and _vllm_missing():  # the local engine is vLLM: say so before anything else is needed
-        return _usage_error(_missing_line(getattr(args, "command", "up"), "vllm"))
+        return cli_args.error(_missing_line("up", "vllm"))
+    if args.replicas is not None or args.router is not None:
+        return _up_replicas(args.replicas, args.router, args.timeout)
+    return start_engine(args.timeout, "up")
+
+
+def start_engine(timeout_s: float | None, command: str) -> int:
+    """Start the profile's engine or find the running one (a recorded replica set is kept) and print the endpoint;
+    ``command`` names the subcommand in the one-line hint when vLLM is missing."""
+    if load_settings().managed and _vllm_missing():
+        return cli_args.error(_missing_line(command, "vllm"))
     from helpers.engine.local import LocalEngine
     from helpers.engine.replicas import ReplicaSet
     from helpers.engine.session import check_endpoint
 
-    if getattr(args, "replicas", None) is not None or getattr(args, "router", None) is not None:
-        return _up_replicas(args)
     settings, engine = _engine_or_fail()
     if isinstance(engine, ReplicaSet):  # a replica set is recorded on this port: keep it
-        return _up_replicas(args)
+        return _up_replicas(None, None, timeout_s)
     if not isinstance(engine, LocalEngine):
         served = check_endpoint(settings, settings.model)
         print(f"external endpoint {settings.base_url} serves {served}; nothing to start")
@@ -96,21 +105,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not already:  # the first start takes a while: say so before the phase line (shown on a terminal) begins
         print(f"starting the engine on port {settings.port} ({settings.model}); about a minute on a laptop CPU ...",
               flush=True)
-    engine.start(timeout_s=args.timeout)
+    engine.start(timeout_s=timeout_s)
     verb = "already running" if already else f"ready after {time.monotonic() - start:.1f} s"
     print(f"engine {verb}: {settings.base_url} serving {engine.model!r} (pid {engine.pid})")
     print(f"log: {engine.log_path()}")
     return 0
 
 
-def _up_replicas(args: argparse.Namespace) -> int:
-    """``workshop up --replicas N [--router POLICY]``: N local engines behind vllm-router on the workshop's port."""
+def _up_replicas(replicas: int | None, router: str | None, timeout_s: float | None) -> int:
+    """``workshop up --replicas N [--router POLICY]``: N local engines behind vllm-router on the workshop's port
+    (None: as recorded for this port)."""
     from helpers.engine.replicas import ReplicaSet
 
     settings = load_settings()
-    engine = ReplicaSet(settings, getattr(args, "replicas", None), getattr(args, "router", None))
+    engine = ReplicaSet(settings, replicas, router)
     start = time.monotonic()
-    engine.start(timeout_s=args.timeout)
+    engine.start(timeout_s=timeout_s)
     print(f"router ({engine.router.load().policy}) ready after {time.monotonic() - start:.1f} s: {settings.base_url} "
           f"serving {engine.model!r} (pid {engine.router.pid}); metrics {engine.router.metrics_url()}")
     for row in engine.replica_rows():
@@ -121,7 +131,8 @@ def _up_replicas(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the engine: the local server with every process it started, or the cluster Deployment (scaled to 0)."""
-    from helpers.engine.local import LocalEngine, describe_process, port_holder
+    from helpers.engine.local import LocalEngine
+    from helpers.engine.process import describe_process, port_holder
     from helpers.engine.replicas import ReplicaSet
 
     settings, engine = _engine_or_fail()
@@ -162,14 +173,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from helpers.lab import workspace
 
     if importlib.util.find_spec("jupyterlab") is None:
-        return _usage_error(_missing_line("lab", "jupyterlab"))
+        return cli_args.error(_missing_line("lab", "jupyterlab"))
     try:
         report = workspace.sync(args.dir)  # before the engine starts: a bad --dir fails at once
     except workspace.WorkspaceError as err:
-        return _usage_error(str(err))
+        return cli_args.error(str(err))
     for line in report.lines():
         print(line)
-    if cmd_up(argparse.Namespace(timeout=None, command="lab")) != 0:
+    if start_engine(None, "lab") != 0:
         return 1
     names = report.copied + report.refreshed + report.kept + report.current
     first = workspace.START_HERE if workspace.START_HERE in names else min(names, default=None)
@@ -201,13 +212,10 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
             for line in report.lines() or [f"{report.workspace}: every notebook is current"]:
                 print(line)
     except workspace.WorkspaceError as err:
-        return _usage_error(str(err))
+        return cli_args.error(str(err))
     return 0
 
 
-def _usage_error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -223,14 +231,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         folders = " (name the .ipynb files in a folder)" if any(Path(p).is_dir() for p in missing) else ""
-        return _usage_error(f"no such notebook: {', '.join(missing)}{folders}")
+        return cli_args.error(f"no such notebook: {', '.join(missing)}{folders}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        return _usage_error(f"--out {out} is a file: give a directory for the executed copies")
+        return cli_args.error(f"--out {out} is a file: give a directory for the executed copies")
     try:
         parameters = check_parameters(args.param, {p.name: read_notebook(p) for p in paths})
     except (ParameterError, NotebookRunError) as err:
-        return _usage_error(str(err))
+        return cli_args.error(str(err))
     for name in dict.fromkeys(pair.partition("=")[0] for pair in args.param):
         having = [path.name for path in paths if name in parameters[path.name]]
         if len(paths) > 1 and len(having) < len(paths):
@@ -279,9 +287,9 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
     out = Path(args.out or ("models/tiny-agent" if args.kind == "agent" else f"models/tiny-{args.kind}"))
     if out.exists() and not out.is_dir():
-        return _usage_error(f"--out {out} is a file: give a directory for the model")
+        return cli_args.error(f"--out {out} is a file: give a directory for the model")
     if args.kind != "agent" and not (Path(args.agent) / "tokenizer.json").is_file():
-        return _usage_error(f"--agent {args.agent} holds no tokenizer.json: the {args.kind} model takes the tiny agent's "
+        return cli_args.error(f"--agent {args.agent} holds no tokenizer.json: the {args.kind} model takes the tiny agent's "
                             "tokenizer; build the agent first (workshop build-model) or point --agent at it")
     if args.kind == "agent":
         records = build(out, args.stage1_steps, args.stage2_steps, args.batch_size)
@@ -300,7 +308,7 @@ def cmd_heldout(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json), ("--csv", args.csv)):
         problem = cli_args.output_path_problem(flag, path)
         if problem:
-            return _usage_error(problem)
+            return cli_args.error(problem)
     lab = connect()
     rows, summary = evaluate(lab, n_per_kind=args.n)
     print(json.dumps(summary, indent=1))
@@ -324,8 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=number(float, 0, above=True), default=None, help="seconds to wait for readiness")
     p.add_argument("--replicas", type=number(int, 1, 8), default=None,
                    help="run N local engines behind vllm-router on the workshop's port (replicas on the next ports)")
-    p.add_argument("--router", default=None, choices=["round_robin", "consistent_hash", "cache_aware", "power_of_two",
-                                                       "random"], help="the router's policy (default consistent_hash)")
+    p.add_argument("--router", default=None, choices=ROUTER_POLICIES, help="the router's policy (default consistent_hash)")
     p.set_defaults(func=cmd_up)
     sub.add_parser("down", help=_summary(cmd_down)).set_defaults(func=cmd_down)
     p = sub.add_parser("status", help=_summary(cmd_status))
@@ -384,7 +391,7 @@ def _register(sub: argparse._SubParsersAction, module: str, commands: tuple[str,
         for name in commands:
             p = sub.add_parser(name, help=f"(not installed here: needs {missing.split('.')[0]})",
                                description=_missing_line(name, missing))
-            p.set_defaults(func=lambda args, missing=missing: _usage_error(_missing_line(args.command, missing)),
+            p.set_defaults(func=lambda args, missing=missing: cli_args.error(_missing_line(args.command, missing)),
                            takes_any_arguments=True)
         return
     loaded.register(sub)
@@ -409,10 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         missing = missing_package(err)
         if missing is None:
             raise
-        return _usage_error(_missing_line(args.command, missing))
+        return cli_args.error(_missing_line(args.command, missing))
     except _reported_errors() as err:  # evaluated when an error arrives: the modules the command imported by then
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return cli_args.error(str(err))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

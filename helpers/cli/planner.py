@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from typing import Any
 
 from helpers.hardware import gpus
 from helpers.planning import memory
-from helpers.cli.args import number_type
+from helpers.planning.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
+from helpers.planning.weights import WEIGHT_FORMATS
+from helpers.cli.args import error, number_type
 
 KV_DTYPES = ("bf16", "fp8")
 
@@ -29,7 +30,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     target.add_argument("--gpu", help="GPU name from `workshop gpus` (case-insensitive), e.g. H100-SXM")
     target.add_argument("--cpu-kv-cache-space-gib", type=number_type(int, 1), metavar="GIB",
                         help="vLLM's CPU backend: the VLLM_CPU_KVCACHE_SPACE you start it with (block size 128)")
-    p.add_argument("--weight-dtype", choices=list(memory.WEIGHT_FORMATS),
+    p.add_argument("--weight-dtype", choices=list(WEIGHT_FORMATS),
                    help="weight format (default: exact safetensors bytes if present, else quantization_config, else bf16)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="KV-cache dtype (default bf16)")
     p.add_argument("--gpu-memory-utilization", type=number_type(float, 0, 1, above=True),
@@ -37,8 +38,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help=f"share of TOTAL GPU memory vLLM may use (default {memory.DEFAULT_GPU_MEMORY_UTILIZATION})")
     p.add_argument("--max-model-len", type=number_type(int, 1), help="tokens per request (default: max_position_embeddings)")
     p.add_argument("--block-size", type=number_type(int, 1),
-                   help=f"KV block size in tokens (default: vLLM's, {memory.GPU_BLOCK_SIZE} on GPU, "
-                        f"{memory.CPU_BLOCK_SIZE} on CPU)")
+                   help=f"KV block size in tokens (default: vLLM's, {GPU_BLOCK_SIZE} on GPU, "
+                        f"{CPU_BLOCK_SIZE} on CPU)")
     p.add_argument("--overhead-bytes", type=number_type(int, 0),
                    help="activations + non-torch + CUDA graphs in bytes, e.g. 2e9 (default: memory.estimate_overhead)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -49,10 +50,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     g.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     g.set_defaults(func=run_gpus)
 
-
-def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def _gb(num_bytes: float) -> str:
@@ -129,8 +126,9 @@ def _memory_table(plan: memory.MemoryPlan) -> str:
                                                               + ("" if c.exact else " (approximate: hybrid model)")),
         ]
         if not c.fits:
-            rows.append(("WARNING", "one max-model-len request does not fit: vLLM will refuse to start; lower "
-                                    "--max-model-len or weights, or raise --gpu-memory-utilization"))
+            rows += [("WARNING", memory.fit_verdict(memory.plan_row(plan))),
+                     ("what to do", "vLLM will refuse to start: lower --max-model-len or the weights (--weight-dtype), "
+                                    "or raise --gpu-memory-utilization")]
     rows += [("note", note) for note in plan.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -145,7 +143,7 @@ def run_memory(args: argparse.Namespace) -> int:
                                   overhead_bytes=args.overhead_bytes,
                                   cpu_kv_cache_space_gib=args.cpu_kv_cache_space_gib)
     except (ValueError, LookupError) as exc:  # ConfigError, UnknownGPUError, out-of-range settings
-        return _error(str(exc))
+        return error(str(exc))
     if args.json:
         print(json.dumps(memory_fields(plan), indent=1))
     else:

@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import Callable
 
-from helpers.cluster import provision as pv
+from helpers.cluster import cards, namespaces, overlays
+from helpers.cluster.kubectl import ProvisionError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -22,7 +23,7 @@ def _guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except pv.ProvisionError as err:
+        except ProvisionError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
 
@@ -35,24 +36,25 @@ def _node_selector(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key or not value:
-            raise pv.ProvisionError(f"--node-selector needs KEY=VALUE (got {pair!r}), "
-                                    "e.g. cloud.google.com/gke-accelerator=nvidia-l4")
+            raise ProvisionError(f"--node-selector needs KEY=VALUE (got {pair!r}), "
+                                 "e.g. cloud.google.com/gke-accelerator=nvidia-l4")
         selector[key] = value
     return selector
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
     """Render one namespace per participant (and apply them unless --dry-run)."""
-    rendered = pv.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
-                         with_moe=args.with_moe, domain=args.domain,
-                         node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key,
-                         notebook_image=args.notebook_image, engine_image=args.engine_image)
+    rendered = overlays.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
+                               with_moe=args.with_moe, domain=args.domain,
+                               node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key,
+                               notebook_image=args.notebook_image, engine_image=args.engine_image)
     dirs = rendered.overlays
     print(f"rendered {len(dirs)} overlays in {args.out} ({dirs[0].name} ... {dirs[-1].name}); "
-          f"secrets kept in <overlay>/{pv.SECRETS_DIR}/ (mode 600)")
+          f"secrets kept in <overlay>/{overlays.SECRETS_DIR}/ (mode 600)")
     if args.notebook_image is None:
-        print(f"note: the notebooks run {pv.BASE_NOTEBOOK_IMAGE}, which has neither the helpers nor the notebooks: "
-              "build the workshop's image (make image IMAGE=registry/name:tag), push it, and pass --notebook-image")
+        print(f"note: the notebooks run {overlays.BASE_NOTEBOOK_IMAGE}, which has neither the helpers nor the "
+              "notebooks: build the workshop's image (make image IMAGE=registry/name:tag), push it, and pass "
+              "--notebook-image")
     if rendered.removed:
         print(f"removed {len(rendered.removed)} overlays this workshop no longer has, with their tokens: "
               f"{' '.join(rendered.removed)}")
@@ -63,9 +65,9 @@ def cmd_provision(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("dry run: nothing applied. To apply: workshop provision (same flags) without --dry-run, or")
         for d in dirs:
-            print("  kubectl " + " ".join(pv.apply_command(d)))
+            print("  kubectl " + " ".join(namespaces.apply_command(d)))
         return 0
-    for line in pv.apply(args.out):
+    for line in namespaces.apply(args.out):
         print(line)
     print(f"next: workshop cluster-status --prefix {args.prefix}; then workshop cards --workshop-dir {args.out}")
     return 0
@@ -73,9 +75,9 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
     """One line per participant: engine and notebook state, engine restarts, node."""
-    rows = pv.status(args.prefix)
+    rows = namespaces.status(args.prefix)
     if not rows:
-        print("no provisioned pods found (label " + pv.managed_selector(args.prefix) + ")")
+        print("no provisioned pods found (label " + namespaces.managed_selector(args.prefix) + ")")
         return 0
     header = ("namespace", "engine", "notebook", "restarts", "node")
     table = [header] + [(r.namespace, r.engine, r.notebook, str(r.engine_restarts), r.node) for r in rows]
@@ -89,21 +91,22 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
 
 def cmd_cards(args: argparse.Namespace) -> int:
     """Write access cards (URL + token per participant) to a file with mode 600."""
-    path = pv.write_cards(args.workshop_dir, args.format, args.out)
-    print(f"wrote {len(pv.load_workshop(args.workshop_dir).namespaces())} cards to {path} (mode 600; tokens inside)")
+    path = cards.write_cards(args.workshop_dir, args.format, args.out)
+    participants = len(overlays.load_workshop(args.workshop_dir).namespaces())
+    print(f"wrote {participants} cards to {path} (mode 600; tokens inside)")
     return 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Put one participant's engine back to the provisioned flags and restart it (files are kept)."""
-    pv.reset(args.name, args.workshop_dir)
+    namespaces.reset(args.name, args.workshop_dir)
     print(f"{args.name}: manifests re-applied, engine restarting (watch: workshop cluster-status)")
     return 0
 
 
 def cmd_teardown(args: argparse.Namespace) -> int:
     """Delete one workshop's provisioned namespaces (--prefix); lists them, and what stays and why, unless --yes."""
-    plan = pv.teardown(args.prefix, yes=args.yes)
+    plan = namespaces.teardown(args.prefix, yes=args.yes)
     for name, reason in plan.skipped.items():
         print(f"leaving {name}: {reason}")
     if args.prefix is None:
@@ -114,7 +117,8 @@ def cmd_teardown(args: argparse.Namespace) -> int:
         return 0
     if not plan.delete:
         print(f"no namespaces of workshop {args.prefix!r} to delete (looked for {args.prefix}-NN labelled "
-              f"{pv.managed_selector()} and annotated {pv.PROVISIONED_ANNOTATION}={pv.MANAGED_BY})")
+              f"{namespaces.managed_selector()} and annotated "
+              f"{overlays.PROVISIONED_ANNOTATION}={overlays.MANAGED_BY})")
         return 0
     if not args.yes:
         print(f"would delete {len(plan.delete)} namespaces of workshop {args.prefix!r}: {' '.join(plan.delete)}")
@@ -126,16 +130,17 @@ def cmd_teardown(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add provision, cluster-status, cards, reset and teardown to the ``workshop`` command."""
-    workshop_dir = dict(default=str(pv.DEFAULT_OUT_DIR),
+    workshop_dir = dict(default=str(overlays.DEFAULT_OUT_DIR),
                         help="where provision wrote the overlays (default %(default)s)")
 
     p = subparsers.add_parser("provision", help=cmd_provision.__doc__, description=cmd_provision.__doc__)
     p.add_argument("--participants", type=int, required=True, help="number of participants (namespaces)")
     p.add_argument("--prefix", default="ws", help="namespace prefix: <prefix>-01, <prefix>-02, ... (default ws)")
-    p.add_argument("--model", default="Qwen/Qwen3-4B", choices=sorted(pv.LAB_MODELS), metavar="MODEL",
+    p.add_argument("--model", default="Qwen/Qwen3-4B", choices=sorted(overlays.LAB_MODELS), metavar="MODEL",
                    help="the engine's baseline model (default Qwen/Qwen3-4B)")
-    p.add_argument("--gpu-type", default="l4", choices=sorted(pv.GPU_PROFILES), help="GPU of the nodes (default l4)")
-    p.add_argument("--with-moe", action="store_true", help=f"also pre-download {pv.MOE_MODEL} (61 GB)")
+    p.add_argument("--gpu-type", default="l4", choices=sorted(overlays.GPU_PROFILES),
+                   help="GPU of the nodes (default l4)")
+    p.add_argument("--with-moe", action="store_true", help=f"also pre-download {overlays.MOE_MODEL} (61 GB)")
     p.add_argument("--domain", default=None, help="add an Ingress per participant at <namespace>.<DOMAIN>")
     p.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
                    help="GPU node label, replacing nvidia.com/gpu.present=true (repeatable)")
@@ -143,9 +148,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--notebook-image", default=None, metavar="IMAGE",
                    help="the participants' JupyterLab image, registry/name:tag (built by make image; k8s/README.md)")
     p.add_argument("--engine-image", default=None, metavar="IMAGE",
-                   help=f"the engine's image instead of the pinned {pv.BASE_ENGINE_IMAGE} (e.g. a mirror)")
+                   help=f"the engine's image instead of the pinned {overlays.BASE_ENGINE_IMAGE} (e.g. a mirror)")
     p.add_argument("--dry-run", action="store_true", help="render only; print the kubectl commands")
-    p.add_argument("--out", default=str(pv.DEFAULT_OUT_DIR), help="output directory (default %(default)s)")
+    p.add_argument("--out", default=str(overlays.DEFAULT_OUT_DIR), help="output directory (default %(default)s)")
     p.set_defaults(func=_guarded(cmd_provision))
 
     p = subparsers.add_parser("cluster-status", help=cmd_cluster_status.__doc__, description=cmd_cluster_status.__doc__)

@@ -37,7 +37,7 @@ def run_routing(args: argparse.Namespace) -> int:
     """Compare the policies (and, with --failure, kill a replica); print what was measured."""
     import pandas as pd
 
-    from helpers.measure import routing as so
+    from helpers.measure import failover, routing as so
     from helpers.core.conclusion import report
     from helpers.engine.replicas import ReplicaSet, replica_set_for, usable_cores
     from helpers.engine.router import POLICIES
@@ -68,13 +68,13 @@ def run_routing(args: argparse.Namespace) -> int:
         print(report(so.conclude_affinity(comp.samples("hit_rate")), so.conclude_later_turns(comp.samples("ttft_later_s")),
                      so.cpu_caveat(engine.n, len(usable_cores())), so.gpu_expectation(engine.n)))
         if args.failure:
-            failing = so.AgentWorkload(conversations=so.FAILURE_CONVERSATIONS, turns=4, system_words=args.system_words,
-                                       concurrency=args.concurrency, max_tokens=args.max_tokens)
-            run = so.replica_failure_run(engine, progress=True, workload=failing)
-            told = so.ScaleOutRun(comp, run, engine.n, len(usable_cores()), engine.worker_urls())
+            failing = so.AgentWorkload(conversations=failover.FAILURE_CONVERSATIONS, turns=4,
+                                       system_words=args.system_words, concurrency=args.concurrency,
+                                       max_tokens=args.max_tokens)
+            run = failover.replica_failure_run(engine, progress=True, workload=failing)
             print(run.table().to_string())
-            print(told.failure_story())
-            print(report(told.survival(), so.SURVIVAL_RULE))
+            print(run.story(engine.worker_urls()))
+            print(report(run.survival(), failover.SURVIVAL_RULE))
         if args.split_cost:
             _split_cost(engine, settings, workload, args.repeats)
     finally:

@@ -7,7 +7,7 @@ a result that goes the unexpected way: the notebook says what it saw and why, an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
@@ -55,6 +55,12 @@ def should_see(claim: str, seen: bool | str | None, detail: str = "", show: bool
 def should_see_conclusion(claim: str, conclusion: Conclusion, show: bool = True) -> Check:
     """The check of ``claim`` from a conclusion function's verdict, with its sentence as the detail."""
     return should_see(claim, conclusion.verdict or None, conclusion.text, show=show)
+
+
+def show_conclusions(conclusions: Iterable[Conclusion], show: bool = True) -> list[Check]:
+    """The check of each conclusion against the expectation it carries (``Conclusion.expectation``), printed in turn:
+    the one loop every lesson step ends with."""
+    return [should_see_conclusion(c.expectation, c, show=show) for c in conclusions]
 
 
 # ---------------------------------------------------------------- try it yourself

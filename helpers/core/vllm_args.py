@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MODEL_FLAGS = ("--model", "--served-model-name")
+# vllm-router 0.1.17's --policy choices (vllm-router --help); the router module and `workshop up --router` read them
+ROUTER_POLICIES = ("round_robin", "consistent_hash", "cache_aware", "power_of_two", "random")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from helpers.engine.interface import GPU_START_TIMEOUT_S, Engine, EngineError, EngineStartError, NotServing, log_excerpt
-from helpers.cluster.provision import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
+from helpers.cluster.kubectl import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
 from helpers.core.settings import Settings
 from helpers.core.vllm_args import EngineConfig, describe_change, parse_args, server_args
 
@@ -140,7 +140,7 @@ class KubernetesEngine(Engine):
         self.namespace = settings.namespace
         self.deployment = deployment or os.environ.get(DEPLOYMENT_ENV) or DEFAULT_DEPLOYMENT
         self.container = container or os.environ.get(CONTAINER_ENV) or DEFAULT_CONTAINER
-        self._runner = runner  # None: helpers.cluster.provision.run_kubectl, the real kubectl
+        self._runner = runner  # None: helpers.cluster.kubectl.run_kubectl, the real kubectl
         self._current: EngineConfig | None = None
         self._last_good: EngineConfig | None = None
 

@@ -289,31 +289,3 @@ def replica_set_beside(settings: Settings, replicas: int = 2, policy: str | None
     for a notebook that compares one engine with replicas. Start it with ``.start()``, stop it with ``.stop()``."""
     port = settings.port + offset
     return ReplicaSet(replace(settings, port=port, base_url=f"http://127.0.0.1:{port}/v1"), replicas, policy, kv_bytes)
-
-
-def lesson_replica_set(engine: Engine, replicas: int = 2) -> tuple[ReplicaSet | None, bool, str]:
-    """Where a notebook's scale-out lesson gets its replicas: ``(replica_set, start_it, why_not)``.
-
-    The workshop's engine itself when it is a replica set (``workshop up --replicas N``: used as it is);
-    a new set beside a local CPU engine (the notebook starts and stops it); otherwise None and one sentence
-    saying why the lesson cannot start replicas from here and where it would run."""
-    if isinstance(engine, ReplicaSet):
-        return engine, False, ""
-    settings = engine.settings
-    if settings.profile == "k8s":
-        return None, False, ("The engine runs in a cluster: there, replicas and the router are the instructor's "
-                             "kustomize component k8s/components/router (an engine Deployment with N replicas, the "
-                             "router finding them by label). This section starts replicas on the local CPU profile.")
-    if not settings.managed:
-        return None, False, (f"The endpoint {settings.base_url} is external (VLLM_HOST is set): replicas start only "
-                             "where the workshop starts its own engine. Without VLLM_HOST, `workshop up --replicas "
-                             f"{replicas}` runs them on this machine.")
-    if settings.profile != "cpu":
-        return None, False, (f"On the {settings.profile} profile the workshop's engine already holds the GPU's memory, "
-                             f"so replicas beside it would not fit: `workshop down`, then `workshop up --replicas "
-                             f"{replicas}` (one GPU per replica) and run this notebook again.")
-    try:
-        router_binary()
-    except RouterError as err:
-        return None, False, f"{err} This section is skipped until it is installed."
-    return replica_set_beside(settings, replicas), True, ""

@@ -27,11 +27,10 @@ from typing import Any
 import httpx
 
 from helpers.engine.interface import EngineError, EngineStartError, log_excerpt
-from helpers.engine.local import (STATE_MARK, _process, describe_process, end_processes, launch_detached, port_holder,
-                                  session_members)
+from helpers.engine.process import (STATE_MARK, describe_process, end_processes, launch_detached, port_holder,
+                                    process_if_alive, read_log, session_members)
 from helpers.core.settings import state_dir
-
-POLICIES = ("round_robin", "consistent_hash", "cache_aware", "power_of_two", "random")
+from helpers.core.vllm_args import ROUTER_POLICIES as POLICIES
 SESSION_HEADER = "X-Session-ID"  # what consistent_hash hashes on first
 ROUTER_VERSION = "0.1.17"
 INSTALL_HINT = f"pip install vllm-router=={ROUTER_VERSION} (into the workshop's environment: .venv/bin/pip install ...)"
@@ -189,7 +188,7 @@ class RouterProcess:
     def pid(self) -> int | None:
         """The router's PID while it runs."""
         state = self.load()
-        proc = _process(state.pid, state.create_time)
+        proc = process_if_alive(state.pid, state.create_time)
         return proc.pid if proc else None
 
     @property
@@ -210,12 +209,7 @@ class RouterProcess:
             return ""
 
     def _log_since(self, offset: int) -> str:
-        try:
-            with self.log_path().open("rb") as fh:
-                fh.seek(offset)
-                return fh.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path(), offset)
 
     # ---- start, stop
     def start(self, worker_urls: Sequence[str], policy: str, prometheus_port: int,
@@ -249,7 +243,7 @@ class RouterProcess:
         state = self.load()
         deadline = time.monotonic() + timeout_s
         while True:
-            if _process(state.pid, state.create_time) is None:
+            if process_if_alive(state.pid, state.create_time) is None:
                 raise EngineStartError("vllm-router exited before it answered.", log_excerpt(self._log_since(state.log_offset)))
             try:
                 resp = httpx.get(self.url + "/v1/models", timeout=3.0)
@@ -265,7 +259,7 @@ class RouterProcess:
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """End the router and every process of its session; returns the PID it had (None: none ran)."""
         state = self.load()
-        server = _process(state.pid, state.create_time)
+        server = process_if_alive(state.pid, state.create_time)
         procs = session_members(state.pid, state.create_time, str(self.state_path)) \
             if state.pid and state.create_time else []
         if server and server not in procs:

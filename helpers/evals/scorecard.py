@@ -181,7 +181,8 @@ def measure_config(lab: Lab, name: str, concurrencies: Iterable[int] = (1, 8), i
     """
     from helpers.measure import bench_results, server_metrics
     from helpers.evals import suite as evals
-    from helpers.measure.loadgen import Load, Workload, run_sweep
+    from helpers.measure.loadgen import run_sweep
+    from helpers.measure.workloads import Load, Workload
     settings = lab.settings
     concurrencies = list(concurrencies)
     run = evals_run if evals_run is not None else (evals.run_suite(lab, suite) if suite else None)

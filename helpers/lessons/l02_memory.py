@@ -1,20 +1,30 @@
-"""The memory explorer of notebook 02: the planner behind a few controls, drawn as one bar.
+"""Notebook 02's memory lesson: the explorer, the conclusions, the exercises and the check against a running engine.
 
 ``memory_picture`` plans one choice and returns the figure (its title says "does not fit" and why whenever
 the planner does); ``explorer_controls`` builds the controls with their full labels, the GPUs named with
 the memory their driver reports. The notebook passes both to ``ipywidgets.interact`` with ``show_memory``.
+``conclude_memory_plan`` turns three plans into the lesson's sentences; ``engine_comparison`` puts the
+planner's prediction beside what a running vLLM reports (``vllm:cache_config_info``), and
+``conclude_engine_comparison`` says whether they agree; ``conversations_outcome`` and
+``larger_gpus_hold_more`` check the exercises.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
 from matplotlib.figure import Figure
 
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural
+from helpers.core.vllm_args import flag_value
 from helpers.lessons import plots
 from helpers.hardware.gpus import GPUS
-from helpers.planning.memory import REFERENCE_CONFIGS, GIB, fit_title, plan_memory, plan_row
+from helpers.planning.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, VllmKVCache, cpu_kv_cache, kv_cache_bytes
+from helpers.planning.memory import fit_title, fit_verdict, plan_memory, plan_row
+from helpers.planning.shape import GIB, REFERENCE_CONFIGS, ConfigError, ModelSource, model_shape
 
 WEIGHT_DTYPES = ["bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4"]
 KV_DTYPES = ["bf16", "fp8"]
@@ -78,3 +88,130 @@ def explorer_controls(model: str, gpu_name: str, utilization: float, max_model_l
                                            description="--max-model-len (tokens)", **wide),
         "conversation_tokens": widgets.fixed(conversation_tokens),
     }
+
+
+# ---------------------------------------------------------------- notebook 02: conclusions, and the running engine
+
+def block_size_note(block_size: int, profile: str) -> str:
+    """Why the KV cache comes in blocks of this size on this profile ("cpu" or a GPU one)."""
+    where = "vLLM's CPU build" if profile == "cpu" else "this engine"
+    return (f"{where} hands out KV memory in blocks of {block_size} tokens: {GPU_BLOCK_SIZE} is vLLM's default "
+            f"on a GPU (CacheConfig), {CPU_BLOCK_SIZE} on its CPU build (vllm/platforms/cpu.py, when no "
+            "--block-size is given); a request holds ceil(tokens / block size) blocks.")
+
+
+def conclude_memory_plan(model: str, gpu: str, utilization: float, bf16: Mapping[str, Any], fp8: Mapping[str, Any],
+                         fp8_kv: Mapping[str, Any], conversation_tokens: int) -> list[Conclusion]:
+    """The memory lesson from three ``plan_row`` rows (BF16, FP8 weights, FP8 weights and KV) of one GPU:
+    what fits, and whether FP8 weights and an FP8 KV cache grow the KV cache as expected."""
+    convs = f"conversations_of_{conversation_tokens}_tokens"
+    out = []
+    reason = fit_verdict(bf16)
+    if reason:
+        out.append(Conclusion(f"{model} with BF16 weights on {gpu} at utilization {utilization}: {reason}."))
+    else:
+        out.append(Conclusion(
+            f"{model} needs {bf16['weights_gib']:.2f} GiB for BF16 weights; {gpu} reports {bf16['memory_gib']:.2f} GiB, "
+            f"x {utilization} = {bf16['budget_gib']:.2f} GiB budget, leaving {bf16['kv_cache_gib']:.2f} GiB of KV cache = "
+            f"{bf16['kv_cache_tokens']:,} tokens, {plural(int(bf16[convs]), 'conversation')} of {conversation_tokens:,} tokens."))
+    expectation = "FP8 weights free memory that becomes KV cache"
+    freed = bf16["weights_gib"] - fp8["weights_gib"]
+    if fp8["kv_cache_tokens"] > bf16["kv_cache_tokens"]:
+        out.append(Conclusion(f"FP8 weights free {freed:.2f} GiB: {fp8['kv_cache_tokens']:,} KV tokens instead of "
+                              f"{bf16['kv_cache_tokens']:,}.", SHOWN, expectation))
+    else:
+        why = fit_verdict(fp8) or "the KV cache did not grow"
+        out.append(Conclusion(f"FP8 weights free {freed:.2f} GiB, but {fp8['kv_cache_tokens']:,} KV tokens vs "
+                              f"{bf16['kv_cache_tokens']:,}: {why}.", NOT_SHOWN, expectation))
+    expectation = "an FP8 KV cache holds twice the tokens"
+    ratio = fp8_kv["kv_cache_tokens"] / fp8["kv_cache_tokens"] if fp8["kv_cache_tokens"] else float("nan")
+    shown = ratio == ratio and ratio >= 1.9
+    out.append(Conclusion(f"{fp8_kv['kv_cache_tokens']:,} KV tokens with FP8 weights and KV cache vs "
+                          f"{fp8['kv_cache_tokens']:,} with a BF16 KV cache ({ratio:.2f}x); "
+                          f"{fp8_kv['kv_bytes_per_token']:,} vs {fp8['kv_bytes_per_token']:,} bytes per token.",
+                          SHOWN if shown else NOT_SHOWN, expectation))
+    return out
+
+
+def conclude_engine_comparison(comparison: pd.DataFrame | None, profile: str) -> Conclusion:
+    """The planner against the live engine (``compare_with_engine``): exact, or by how much they differ."""
+    expectation = "the planner predicts the CPU engine's KV capacity to the token"
+    if comparison is None or "predicted" not in comparison:
+        if profile == "cpu":
+            return Conclusion("No exact check here: this endpoint is not an engine the helpers started, so its "
+                              "--kv-cache-memory-bytes and model config are not known on this machine.")
+        return Conclusion("On a GPU the overhead is an estimate: compare the plan with the 'Available KV cache memory' "
+                          f"line of vLLM's log ({profile} profile; no exact check here).")
+    predicted = comparison.loc["kv_cache_size_tokens", "predicted"]
+    reported = comparison.loc["kv_cache_size_tokens", "vLLM reports"]
+    block = comparison.loc["block_size", "vLLM reports"]
+    if reported is None:
+        return Conclusion(f"predicted {predicted:,} KV tokens; the engine published no vllm:cache_config_info.",
+                          NOT_SHOWN, expectation)
+    if predicted == reported:
+        return Conclusion(f"predicted {predicted:,} KV tokens, vLLM reports {reported:,} (exact), in blocks of {block} "
+                          "tokens.", SHOWN, expectation)
+    return Conclusion(f"predicted {predicted:,} KV tokens, vLLM reports {reported:,} ({(reported - predicted) / predicted:+.1%}; "
+                      "they differ: check --kv-cache-memory-bytes, --block-size and the model's config).",
+                      NOT_SHOWN, expectation)
+
+
+def predict_cpu_engine_kv(model_dir: ModelSource, engine_args: list[str] | tuple[str, ...]) -> VllmKVCache:
+    """What vLLM's CPU build will report for a model started with these flags (--kv-cache-memory-bytes, --max-model-len)."""
+    kv_memory, max_len = flag_value(engine_args, "--kv-cache-memory-bytes"), flag_value(engine_args, "--max-model-len")
+    if not isinstance(kv_memory, str) or not isinstance(max_len, str):
+        raise ConfigError("the engine's flags need --kv-cache-memory-bytes and --max-model-len for a CPU prediction")
+    block = flag_value(engine_args, "--block-size")
+    return cpu_kv_cache(kv_cache_bytes(model_shape(model_dir)), int(max_len), kv_cache_memory_bytes=int(kv_memory),
+                        block_size=int(block) if isinstance(block, str) else None)
+
+
+def engine_comparison(model: ModelSource, engine_args: list[str] | tuple[str, ...],
+                      reported: Mapping[str, Any] | None) -> pd.DataFrame:
+    """The prediction next to what vLLM reports when the engine's flags set its KV memory and the model's config
+    is here (the CPU engine the helpers run); otherwise vLLM's figures alone (an endpoint run elsewhere, a GPU)."""
+    sized = all(isinstance(flag_value(engine_args, f), str) for f in ("--kv-cache-memory-bytes", "--max-model-len"))
+    if sized and (Path(str(model)) / "config.json").is_file():
+        return compare_with_engine(predict_cpu_engine_kv(model, engine_args), reported)
+    return pd.DataFrame({"vLLM reports": dict(reported or {})}, dtype=object)
+
+
+def compare_with_engine(predicted: VllmKVCache, reported: Mapping[str, Any] | None) -> pd.DataFrame:
+    """Prediction and ``vllm:cache_config_info`` side by side (one row per figure)."""
+    reported = reported or {}
+    ours = {"num_gpu_blocks": predicted.num_blocks, "block_size": predicted.block_size,
+            "kv_cache_size_tokens": predicted.vllm_kv_cache_size_tokens,
+            "kv_cache_max_concurrency": round(predicted.max_concurrency, 2)}
+    rows = [{"figure": k, "predicted": v, "vLLM reports": reported.get(k)} for k, v in ours.items()]
+    return pd.DataFrame(rows, dtype=object).set_index("figure")
+
+
+# ---------------------------------------------------------------- notebook 02: checks and exercises
+
+CONVERSATION_CHOICES = ("vLLM would refuse to start", "fewer", "about the same", "more, but less than twice",
+                        "about twice as many or more")
+
+
+def larger_gpus_hold_more(rows: pd.DataFrame, conversation_tokens: int) -> tuple[bool, str]:
+    """Whether, with the same weights on every GPU of ``plan_row`` rows, a GPU with more memory holds at least as
+    many conversations of ``conversation_tokens`` as a smaller one; and the counts, smallest GPU first."""
+    key = f"conversations_of_{conversation_tokens}_tokens"
+    ordered = rows.sort_values("memory_gib")
+    counts = [int(n) if fits else 0 for n, fits in zip(ordered[key], ordered["fits"])]
+    same_weights = ordered["weights_gib"].nunique() == 1
+    detail = ", ".join(f"{gpu} ({gib:.1f} GiB): {n:,}" for gpu, gib, n in zip(ordered["gpu"], ordered["memory_gib"], counts))
+    return same_weights and counts == sorted(counts), f"conversations of {conversation_tokens:,} tokens: {detail}"
+
+
+def conversations_outcome(before: Mapping[str, Any], after: Mapping[str, Any], conversation_tokens: int) -> tuple[str, str]:
+    """How many conversations of ``conversation_tokens`` fit after one change (``plan_row`` rows before and after),
+    as one of CONVERSATION_CHOICES, with the numbers behind it."""
+    if not after.get("fits", True):
+        return CONVERSATION_CHOICES[0], fit_verdict(after) + "."
+    key = f"conversations_of_{conversation_tokens}_tokens"
+    was, now = int(before[key]), int(after[key])
+    ratio = now / was if was else (math.inf if now else 1.0)
+    outcome = CONVERSATION_CHOICES[1 if ratio < 0.9 else 2 if ratio <= 1.1 else 3 if ratio < 1.8 else 4]
+    return outcome, (f"{was:,} -> {now:,} conversations of {conversation_tokens:,} tokens; KV cache "
+                     f"{int(before['kv_cache_tokens']):,} -> {int(after['kv_cache_tokens']):,} tokens; requests of "
+                     f"max_model_len at once {int(before['requests_at_max_len']):,} -> {int(after['requests_at_max_len']):,}.")

@@ -33,8 +33,10 @@ def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: i
     ``bandwidth_gb_s``. The engine goes back to the model it served before."""
     from helpers.planning import roofline
     from helpers.measure.bench_results import summarize
-    from helpers.measure.loadgen import Load, Workload, prompt_factory, run_load
-    from helpers.planning.memory import count_params, kv_cache_bytes
+    from helpers.measure.loadgen import prompt_factory, run_load
+    from helpers.measure.workloads import Load, Workload
+    from helpers.planning.kv import kv_cache_bytes
+    from helpers.planning.shape import count_params
     from helpers.measure.server_metrics import scrape, window
     from helpers.core.settings import models_dir
 
@@ -186,7 +188,8 @@ def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
     """Per published model (``helpers/data/configs``): total and active parameters (B), experts, BF16 weights and
     bytes read per decode step at batch 1 (GB), and the batch-1 decode ceiling on ``gpu`` (tokens/s)."""
     from helpers.planning import roofline
-    from helpers.planning.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+    from helpers.planning.shape import REFERENCE_CONFIGS, count_params
+    from helpers.planning.weights import weight_bytes
 
     paper = {}
     for name in models:
@@ -202,7 +205,8 @@ def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
 def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
     """Per batch: distinct experts one layer of ``moe`` touches, and GB read per decode step by each model."""
     from helpers.planning import roofline
-    from helpers.planning.memory import REFERENCE_CONFIGS, count_params, weight_bytes
+    from helpers.planning.shape import REFERENCE_CONFIGS, count_params
+    from helpers.planning.weights import weight_bytes
 
     moe_counts = count_params(REFERENCE_CONFIGS / f"{moe}.json")
     dense_gb = weight_bytes(count_params(REFERENCE_CONFIGS / f"{dense}.json")) / 1e9
@@ -216,7 +220,8 @@ def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
 def tiny_roofline_points(tiny: pd.DataFrame, cpu: Any, input_len: int, output_len: int) -> list[Any]:
     """The measured tiny-model decode steps (``decode_table`` rows) as points on this machine's roofline."""
     from helpers.planning import roofline
-    from helpers.planning.memory import count_params, kv_cache_bytes
+    from helpers.planning.kv import kv_cache_bytes
+    from helpers.planning.shape import count_params
     from helpers.core.settings import models_dir
 
     points = []

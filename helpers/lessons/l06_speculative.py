@@ -20,7 +20,8 @@ from helpers.core.comparison import BETTER, SAME, WORSE, Verdict, compare_sample
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 from helpers.core.vllm_args import flag_value
 from helpers.evals.suite import load_suite
-from helpers.measure.loadgen import Load, Workload, run_load
+from helpers.measure.loadgen import run_load
+from helpers.measure.workloads import Load, Workload
 from helpers.measure.server_metrics import scrape, window
 from helpers.core.settings import models_dir
 

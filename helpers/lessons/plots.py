@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from helpers.measure.stream_timing import StreamTiming
 
 if TYPE_CHECKING:
-    from helpers.measure.routing import ScaleOutRun
+    from helpers.lessons.l07_saturation import ScaleOutRun
 
 
 def token_timeline(timing: StreamTiming, title: str = "One streamed request") -> Figure:

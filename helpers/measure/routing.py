@@ -1,5 +1,4 @@
-"""Scale-out lessons on a replica set: which routing policy keeps an agent's cache warm, and what a client sees
-when a replica dies under load.
+"""Routing policies compared on a replica set: which one keeps an agent's cache warm.
 
 - ``AgentWorkload``: multi-turn agent conversations: a system prompt unique to each conversation (and to each
   run: a fresh salt, so one policy never finds the cache another policy warmed), then turns that grow the
@@ -10,9 +9,10 @@ when a replica dies under load.
 - ``compare_policies``: per policy (interleaved across repeats, the router restarted per policy, the replicas
   kept), each replica's prefix-cache hit rate from its own counters (d hits / d queries), TTFT per turn and
   throughput. ``conclude_affinity`` / ``conclude_later_turns`` judge them against the run-to-run spread.
-- ``replica_failure_run``: SIGKILL one replica mid-run, count what completed, failed and was lost, read the
-  router's retry and circuit-breaker figures, time the replica's restart and its return to the rotation;
-  ``conclude_failure`` applies ``SURVIVAL_RULE``.
+- ``per_replica_report``: each replica's share of a run (``workshop bench`` through a replica set);
+  ``split_cost_runs``: one engine alone against the replicas on the same cores.
+
+What a client sees when a replica dies under load is ``helpers.measure.failover``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 import secrets
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -32,7 +32,7 @@ import pandas as pd
 from helpers.core.comparison import compare_samples
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 from helpers.measure.loadgen import run_sync
-from helpers.engine.router import SESSION_HEADER, describe_failover, figure_deltas
+from helpers.engine.router import SESSION_HEADER, figure_deltas
 from helpers.measure.server_metrics import MetricsError, scrape, window
 
 if TYPE_CHECKING:
@@ -43,11 +43,6 @@ WORDS = ("plan tool call read file write test check result error retry search an
          "task goal state update merge branch commit build run log trace span metric alert owner team").split()
 BASELINE, AFFINITY = "round_robin", "consistent_hash"
 POLICY_ORDER = ("round_robin", "consistent_hash", "cache_aware")
-FAILURE_CONVERSATIONS = 32  # 4 turns, 4 at a time: on a 2-core AMX laptop, a run that outlasts the 6 s detection window
-SURVIVAL_RULE = ("A run survives a replica's death when (1) no request is lost: every request sent ends in a "
-                 "complete answer or an error the client sees; (2) requests sent after the router has had time "
-                 "to notice (the detection window) all complete; (3) the killed replica, restarted, serves "
-                 "requests through the router again.")
 
 
 @dataclass(frozen=True)
@@ -361,149 +356,6 @@ def gpu_expectation(n_replicas: int) -> str:
             "whole conversation on a GPU that is busy with other sessions.")
 
 
-# ---------------------------------------------------------------- a replica dies under load
-
-@dataclass
-class FailureRun:
-    """What happened to every request when replica ``killed_replica`` was killed at ``t_kill_s``."""
-
-    requests: pd.DataFrame
-    killed_replica: int
-    killed_pid: int | None
-    t_kill_s: float | None  # seconds after the first request
-    detect_s: float  # the detection window the rule allows
-    restart_s: float | None  # the replica's restart, until it served again
-    rejoin_s: float | None  # after the restart, until the router sent it a request
-    router: dict[str, float] = field(default_factory=dict)  # router figures that changed during the run
-    policy: str = ""
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return account(self.requests)
-
-    def after_detection(self) -> pd.DataFrame:
-        """Requests sent after the kill plus the detection window."""
-        if self.t_kill_s is None or self.requests.empty:
-            return self.requests.iloc[0:0]
-        return self.requests[self.requests["t_start"] > self.t_kill_s + self.detect_s]
-
-    def table(self) -> pd.DataFrame:
-        """Outcomes by phase: before the kill, during the detection window, after it."""
-        frame = self.requests.copy()
-        if frame.empty:
-            return frame
-        kill = float("inf") if self.t_kill_s is None else self.t_kill_s
-        frame["phase"] = ["before the kill" if t < kill else ("detection window" if t <= kill + self.detect_s else "after")
-                          for t in frame["t_start"]]
-        frame["outcome"] = ["completed" if ok else ("failed" if err else "lost") for ok, err in zip(frame["ok"], frame["error"])]
-        return frame.pivot_table(index="phase", columns="outcome", values="turn", aggfunc="count", fill_value=0)
-
-
-def busiest_replica(before: list[Any], now: list[Any]) -> int:
-    """The replica with the most requests running now, then the most finished since ``before`` (snapshots)."""
-    def load(i: int) -> tuple[float, float]:
-        if now[i] is None:
-            return (-1.0, -1.0)
-        done = (now[i].counter("request_success") or 0.0) - ((before[i].counter("request_success") or 0.0) if before[i] else 0.0)
-        return (now[i].gauge("num_requests_running") or 0.0, done)
-
-    return max(range(len(now)), key=load)
-
-
-def replica_failure_run(engine: "ReplicaSet", replica: int | None = None, workload: AgentWorkload | None = None,
-                        kill_after_completed: int = 4, detect_s: float = 6.0, restart: bool = True,
-                        rejoin_timeout_s: float = 60.0, policy: str | None = AFFINITY,
-                        seed: int | None = None, progress: bool | None = None) -> FailureRun:
-    """Run ``workload`` through the router (restarted on ``policy``; None keeps it); after ``kill_after_completed``
-    answers, SIGKILL replica ``replica`` (None: the busiest then, so the kill hits sessions in flight); then
-    (``restart``) start it again and wait until the router sends it a request."""
-    workload = workload or AgentWorkload(conversations=FAILURE_CONVERSATIONS, turns=4, concurrency=4)
-    salt = secrets.randbits(24) if seed is None else seed
-    if policy is not None:
-        engine.set_policy(policy)
-    router_before = engine.router.read_figures()
-    counters_before = replica_snapshots(engine.metrics_urls())
-    state: dict[str, Any] = {"done": 0, "t_kill": None, "pid": None, "replica": replica}
-
-    def on_row(row: dict[str, Any]) -> None:
-        state["done"] += 1 if row["ok"] else 0
-        if state["t_kill"] is None and state["done"] >= kill_after_completed:
-            if state["replica"] is None:
-                state["replica"] = busiest_replica(counters_before, replica_snapshots(engine.metrics_urls()))
-            state["pid"] = engine.kill_replica(state["replica"])
-            state["t_kill"] = time.perf_counter()
-
-    from helpers.core.progress import bar
-
-    rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    with bar(3 if restart else 1, "replica failure", "step", progress) as shown:
-        shown.set_postfix_str(f"load; a replica is killed after {kill_after_completed} answers")
-        run_sync(lambda: arun_agent_workload(engine.settings.base_url, engine.model, workload, salt,
-                                             engine.settings.auth_headers(), rows, on_row))
-        shown.update(1)
-        replica = state["replica"] if state["replica"] is not None else 0
-        frame = requests_frame(rows, t0)
-        router = figure_deltas(router_before, engine.router.read_figures())
-        restart_s = rejoin_s = None
-        if restart and state["pid"] is not None:
-            shown.set_postfix_str(f"restarting replica {replica}")
-            restart_s = engine.restart_replica(replica)
-            shown.update(1)
-            shown.set_postfix_str("waiting until the router sends it a request")
-            rejoin_s = _wait_rejoin(engine, replica, rejoin_timeout_s, salt)
-            shown.update(1)
-    t_kill = None if state["t_kill"] is None else state["t_kill"] - t0
-    return FailureRun(frame, replica, state["pid"], t_kill, detect_s, restart_s, rejoin_s, router, engine.router.load().policy or "")
-
-
-def _wait_rejoin(engine: "ReplicaSet", replica: int, timeout_s: float, salt: int) -> float | None:
-    """Seconds until a request through the router is served by ``replica`` (its request counter grows)."""
-    import httpx
-
-    url = engine.metrics_urls()[replica]
-    t0 = time.monotonic()
-    start = scrape(url).counter("request_success") or 0.0
-    n = 0
-    while time.monotonic() - t0 < timeout_s:
-        n += 1
-        try:
-            httpx.post(engine.settings.base_url + "/chat/completions", timeout=30, headers={
-                **engine.settings.auth_headers(), SESSION_HEADER: f"rejoin-{salt}-{n}"},
-                json={"model": engine.model, "messages": [{"role": "user", "content": f"ping {n}"}], "max_tokens": 1})
-        except httpx.HTTPError:
-            pass
-        try:
-            if (scrape(url).counter("request_success") or 0.0) > start:
-                return time.monotonic() - t0
-        except MetricsError:
-            pass
-        time.sleep(0.2)
-    return None
-
-
-def conclude_failure(counts: dict[str, int], failed_after_detection: int, rejoined: bool | None,
-                     sent_after_detection: int | None = None) -> Conclusion:
-    """``SURVIVAL_RULE`` on a failure run's numbers: shown (survived) or not shown, with the reason; says so when
-    no request was sent after the detection window (``sent_after_detection`` 0), so rule (2) went untested."""
-    expectation = "the service survives one replica's death"
-    problems = []
-    if counts["lost"]:
-        problems.append(f"{counts['lost']} request(s) lost without an answer or an error")
-    if failed_after_detection:
-        problems.append(f"{failed_after_detection} request(s) sent after the detection window failed")
-    if rejoined is False:
-        problems.append("the restarted replica did not get requests again")
-    text = (f"{counts['sent']} sent, {counts['completed']} completed, {counts['failed']} failed (the client saw an "
-            f"error), {counts['lost']} lost")
-    if problems:
-        return Conclusion(text + "; not survived: " + "; ".join(problems), NOT_SHOWN, expectation)
-    if sent_after_detection == 0:
-        text += ("; no request was sent after the detection window, so rule (2) was not tested (the run ended "
-                 "too soon: give it more conversations)")
-    return Conclusion(text + "; survived by the rule", SHOWN, expectation)
-
-
 def mean_or_none(values: list[float]) -> float | None:
     """The mean of the values that are numbers, None when there are none."""
     clean = [v for v in values if v is not None and v == v]
@@ -558,125 +410,3 @@ def conclude_split_cost(runs: pd.DataFrame) -> Conclusion:
     return Conclusion(f"{sides[-1]}: {verdict.mean_b:.1f} output tok/s vs {verdict.mean_a:.1f} for {sides[0]} on the "
                       f"same cores ({verdict.describe()}): splitting the cores adds no compute, and each replica "
                       "brings its own API server to feed", "", "")
-
-
-# ---------------------------------------------------------------- notebook 07's scale-out sections
-
-@dataclass
-class ScaleOutRun:
-    """The routing comparison and the failure run of notebook 07, or the sentence that says why they did not run."""
-
-    comparison: PolicyComparison | None = None
-    failure: FailureRun | None = None
-    skipped: str = ""
-    n_replicas: int = 0
-    cores: int = 0
-    worker_urls: list[str] = field(default_factory=list)  # the replicas, as the router knows them
-
-    def summary(self) -> pd.DataFrame:
-        """Per policy: hit rate (mean, min, max over repeats), TTFT turn 1 and later turns (ms), throughput."""
-        return self.comparison.summary() if self.comparison is not None else pd.DataFrame()
-
-    def affinity(self) -> Conclusion:
-        """Session affinity against round robin on the replicas' prefix-cache hit rate."""
-        if self.comparison is None:
-            return Conclusion(self.skipped, WITHIN_NOISE, "session affinity keeps more of each conversation in cache")
-        return conclude_affinity(self.comparison.samples("hit_rate"))
-
-    def later_turns(self) -> Conclusion:
-        """TTFT of turns 2+ with session affinity against round robin."""
-        if self.comparison is None:
-            return Conclusion(self.skipped, WITHIN_NOISE, "later turns start sooner with session affinity")
-        return conclude_later_turns(self.comparison.samples("ttft_later_s"))
-
-    def caveats(self) -> list[str]:
-        """Why throughput cannot grow with replicas on this CPU, and the GPU expectation (an estimate)."""
-        if self.comparison is None:
-            return []
-        return [cpu_caveat(self.n_replicas, self.cores), gpu_expectation(self.n_replicas)]
-
-    def survival(self) -> Conclusion:
-        """``SURVIVAL_RULE`` applied to the failure run."""
-        run = self.failure
-        if run is None or run.t_kill_s is None:
-            return Conclusion(self._not_killed() if run else self.skipped or "no failure run", WITHIN_NOISE,
-                              "the service survives one replica's death")
-        late = run.after_detection()
-        return conclude_failure(run.counts, int((~late["ok"].astype(bool)).sum()),
-                                None if run.restart_s is None else run.rejoin_s is not None, len(late))
-
-    def failure_story(self) -> str:
-        """When the replica was killed, how long its restart and its return to the rotation took, what the router counted."""
-        run = self.failure
-        if run is None:
-            return self.skipped or "No failure run."
-        if run.t_kill_s is None:
-            return self._not_killed()
-        lines = [f"Killed replica {run.killed_replica} (SIGKILL) {run.t_kill_s:.1f} s into the run, router policy "
-                 f"{run.policy}; detection window {run.detect_s:g} s."]
-        if run.restart_s is not None:
-            rejoin = (f"the router sent it a request again {run.rejoin_s:.1f} s later" if run.rejoin_s is not None
-                      else "the router did not send it a request again within the wait")
-            lines.append(f"Restarted in {run.restart_s:.1f} s (until it served again); {rejoin}.")
-        lines.append(describe_failover(run.router, self.worker_urls))
-        return "\n".join(lines)
-
-    def _not_killed(self) -> str:
-        answers = int(self.failure.requests["ok"].sum()) if self.failure is not None and len(self.failure.requests) else 0
-        return (f"No replica was killed: the run ended after {answers} answers, before the kill threshold (lower "
-                "KILL_AFTER_ANSWERS or give the run more conversations).")
-
-    def failure_table(self) -> pd.DataFrame:
-        """The failure run's requests by phase (before the kill, detection window, after) and outcome."""
-        return self.failure.table() if self.failure is not None else pd.DataFrame()
-
-    def conclusions(self) -> list[Conclusion | str]:
-        """Everything the two sections concluded, for the notebook's summary."""
-        if self.comparison is None:
-            return [Conclusion(f"Replicas behind a router: not run here. {self.skipped}")]
-        return [*self.policy_lines(), self.affinity(), self.later_turns(), *map(Conclusion, self.caveats()),
-                self.survival()]
-
-    def policy_lines(self) -> list[Conclusion]:
-        """One plain line per policy: hit rate (range over repeats), TTFT of turn 1 and later turns, throughput."""
-        lines = []
-        for row in self.summary().itertuples():
-            spread = f" (runs {row.hit_rate_min:.1%}-{row.hit_rate_max:.1%})" if row.repeats > 1 else ""
-            lines.append(Conclusion(f"{row.policy} over {self.n_replicas} replicas: prefix-cache hit rate "
-                                    f"{row.hit_rate:.1%}{spread}, TTFT turn 1 {row.ttft_turn1_ms:,.0f} ms, later turns "
-                                    f"{row.ttft_later_ms:,.0f} ms, {row.throughput_tok_s:,.1f} output tok/s, "
-                                    f"{row.failed} failed"))
-        return lines
-
-
-def run_scale_out(lab: Any, replicas: int, policies: tuple[str, ...] | list[str], workload: AgentWorkload,
-                  repeats: int = 1, failure_workload: AgentWorkload | None = None, kill_after_completed: int = 4,
-                  restart: bool = True, progress: bool | None = None) -> ScaleOutRun:
-    """Notebook 07's scale-out run: replicas behind the router (the workshop's own replica set, or ``replicas``
-    started beside its engine and stopped after), the policies compared on ``workload``, then one replica
-    killed under ``failure_workload`` (None: no failure run). Where replicas cannot run, nothing starts and
-    ``skipped`` says why; a set that fails to start is stopped and reported the same way."""
-    from helpers.engine.interface import EngineError
-    from helpers.engine.replicas import lesson_replica_set, usable_cores
-    from helpers.engine.router import RouterError
-
-    engine, start_it, why = lesson_replica_set(lab.engine, replicas)
-    if engine is None:
-        return ScaleOutRun(skipped=why)
-    result = ScaleOutRun(n_replicas=engine.n, cores=len(usable_cores()), worker_urls=engine.worker_urls())
-    try:
-        if start_it:
-            if progress is not False:
-                print(f"starting {engine.n} replicas (ports {', '.join(map(str, engine.ports))}) and the router "
-                      f"(port {engine.settings.port}) beside the workshop's engine ...", flush=True)
-            engine.start()
-        result.comparison = compare_policies(engine, tuple(policies), workload, repeats=repeats, progress=progress)
-        if failure_workload is not None:
-            result.failure = replica_failure_run(engine, workload=failure_workload, restart=restart, progress=progress,
-                                                 kill_after_completed=kill_after_completed)
-    except (EngineError, RouterError) as err:
-        result.skipped = f"The replica set failed: {getattr(err, 'message', str(err))}"
-    finally:
-        if start_it:
-            engine.stop()
-    return result

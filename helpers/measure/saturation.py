@@ -346,7 +346,8 @@ def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workl
     sampled (a bar counts the concurrencies, beside each run's bar of requests), and analyze the sweep.
     Returns the load results and the analysis. The engine goes back to the flag it started with, in a
     ``finally``: a sweep stopped midway does not leave it on the cap."""
-    from helpers.measure.loadgen import Load, run_sweep
+    from helpers.measure.loadgen import run_sweep
+    from helpers.measure.workloads import Load
     from helpers.core.progress import steps
     from helpers.core.vllm_args import flag_value
 

@@ -7,7 +7,7 @@ NVMe, network storage. Loading grows linearly with N, recomputing at least linea
 quadratically, so past a crossover length loading wins, and for most tiers it wins from the first token.
 
 Every bandwidth sits in one table with its source (``DGX_A100_TIERS``, ``GH200_C2C``, ``PCIE_GB_S``);
-model dimensions come from the published config.json files (``helpers.planning.memory``). On this machine the
+model dimensions come from the published config.json files (``helpers.planning.shape``). On this machine the
 same comparison is measured: the engine's prefill time (its TTFT) against reading the same bytes from RAM
 and from a file.
 """
@@ -25,7 +25,8 @@ import pandas as pd
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion
 from helpers.hardware.gpus import GPU
-from helpers.planning.memory import ModelSource, count_params, kv_cache_bytes, model_shape
+from helpers.planning.kv import kv_cache_bytes
+from helpers.planning.shape import ModelSource, count_params, model_shape
 from helpers.planning.roofline import prefill_flops
 
 

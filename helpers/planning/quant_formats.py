@@ -1,4 +1,4 @@
-"""Which hardware computes natively in each weight format of ``helpers.planning.memory.WEIGHT_FORMATS``.
+"""Which hardware computes natively in each weight format of ``helpers.planning.weights.WEIGHT_FORMATS``.
 
 Elsewhere a format can still be served, but its weights are widened to 16 bits inside the kernel:
 it saves memory and bytes read per step, not arithmetic. One row per format: (hardware, source).
@@ -62,14 +62,14 @@ _CALIBRATION_RISK = ("risk: calibration text unlike the traffic (prose for a mod
 
 
 def _bits(fmt: str) -> float:
-    from helpers.planning.memory import WEIGHT_FORMATS
+    from helpers.planning.weights import WEIGHT_FORMATS
 
     return float(WEIGHT_FORMATS[fmt].bits_per_weight)
 
 
 def schemes() -> list[Scheme]:
     """The map's rows: facts from the sources named in each row; bits computed from the formats' layouts."""
-    from helpers.planning.memory import WEIGHT_FORMATS
+    from helpers.planning.weights import WEIGHT_FORMATS
 
     int4, fp8 = WEIGHT_FORMATS["int4"].source, WEIGHT_FORMATS["fp8"].source
     gpu_int4 = "any GPU: widened to BF16 inside Marlin/Machete kernels (Ampere+); x86 CPU with AVX-512"
@@ -213,7 +213,8 @@ def map_disagreements(table: pd.DataFrame) -> list[str]:
 def format_ladder(reference_config: str | Path) -> pd.DataFrame:
     """Bits per weight of each weight format, the checkpoint size it makes of the model of ``reference_config``
     (a config.json: linear layers in the format, embeddings/LM head/norms BF16) and its native hardware."""
-    from helpers.planning.memory import WEIGHT_FORMATS, count_params, weight_bytes
+    from helpers.planning.shape import count_params
+    from helpers.planning.weights import WEIGHT_FORMATS, weight_bytes
 
     counts = count_params(Path(reference_config))
     name = Path(reference_config).stem

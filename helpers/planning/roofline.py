@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from helpers.hardware.gpus import GPU
-from helpers.planning.memory import ParamCounts, weight_bytes, weight_format
+from helpers.planning.shape import ParamCounts
+from helpers.planning.weights import weight_bytes, weight_format
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -92,8 +92,10 @@ class ModelOnGPU:
 
 
 def model_on_gpu(name: str, config: Any, weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> ModelOnGPU:
-    """``ModelOnGPU`` from a published config (helpers/planning/memory.py counts its parameters and KV bytes)."""
-    from helpers.planning.memory import count_params, kv_cache_bytes, weight_bytes
+    """``ModelOnGPU`` from a published config (helpers/planning/shape.py counts its parameters, kv.py its KV bytes)."""
+    from helpers.planning.kv import kv_cache_bytes
+    from helpers.planning.shape import count_params
+    from helpers.planning.weights import weight_bytes
 
     counts = count_params(config)
     return ModelOnGPU(name, weight_bytes(counts, weight_dtype), counts.active, kv_cache_bytes(config, kv_dtype).bytes_per_token)
@@ -236,7 +238,7 @@ def gpus_needed_conclusion(table: "pd.DataFrame", gpu: str, model: str, input_le
 
 def reference_config(model: str) -> Any:
     """The published config.json of ``model`` shipped in helpers/data/configs (e.g. "Llama-3.3-70B")."""
-    from helpers.planning.memory import REFERENCE_CONFIGS
+    from helpers.planning.shape import REFERENCE_CONFIGS
 
     path = REFERENCE_CONFIGS / f"{model}.json"
     if not path.is_file():

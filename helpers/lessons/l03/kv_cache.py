@@ -23,7 +23,8 @@ def measure_prefix_cache(settings: Any, prefix_tokens: int, rounds: int, unique_
     """``rounds`` x (cold, warm) requests sharing a ``prefix_tokens``-token prefix new to each round;
     one row per request with its round, ``cache`` ("cold" / "warm"), prompt tokens and TTFT (ms)."""
     from helpers.measure.bench_results import requests_frame
-    from helpers.measure.loadgen import Load, Workload, run_load
+    from helpers.measure.loadgen import run_load
+    from helpers.measure.workloads import Load, Workload
     from helpers.core.progress import steps
 
     frames = []
@@ -111,7 +112,8 @@ def measure_break_cache(lab: Any, prefix_tokens: int, change_at: int, output_tok
     """Three requests on one new ``prefix_tokens``-token prefix: cold, warm (the same prefix), then the prefix with
     ONE word changed at content position ``change_at``. One row each: prompt tokens, prompt tokens the server's
     prefix cache served (``vllm:prefix_cache_hits``), TTFT (ms)."""
-    from helpers.measure.loadgen import MARKER, prompt_factory
+    from helpers.measure.loadgen import prompt_factory
+    from helpers.measure.workloads import MARKER
     from helpers.core.progress import steps
     from helpers.measure.server_metrics import scrape
     from helpers.measure.stream_timing import stream_chat
@@ -161,7 +163,8 @@ def sample_long_request(lab: Any, prompt_tokens: int, output_tokens: int, interv
                         after_s: float = 1.0) -> tuple[pd.DataFrame, int]:
     """Run one request while sampling the server's gauges (and ``after_s`` seconds after it ended): the samples
     (with ``t_s`` from the first) and the request's tokens (prompt + completion)."""
-    from helpers.measure.loadgen import Load, Workload, run_load
+    from helpers.measure.loadgen import run_load
+    from helpers.measure.workloads import Load, Workload
     from helpers.measure.server_metrics import GaugeSampler
 
     with GaugeSampler(lab.settings.metrics_url, interval_s=interval_s, model=lab.model) as sampler:

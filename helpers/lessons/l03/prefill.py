@@ -24,7 +24,8 @@ def measure_prefill_decode(settings: Any, prompt_lengths: list[int], decode_toke
     """One row per request (``repeats`` per prompt length, lengths interleaved, after one warm-up):
     target length, prompt tokens the server counted, TTFT and TPOT in ms."""
     from helpers.measure.bench_results import requests_frame
-    from helpers.measure.loadgen import Load, Workload, prompt_factory, run_load
+    from helpers.measure.loadgen import prompt_factory, run_load
+    from helpers.measure.workloads import Load, Workload
 
     # calibrated once; every run still gets unique prompts (run_load salts each run)
     kwargs = {"model": model or settings.model, "prompts": prompt_factory(settings, model), "progress": False}

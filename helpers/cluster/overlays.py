@@ -1,36 +1,29 @@
-"""Per-participant Kubernetes namespaces: render overlays, apply them, show status, hand out cards.
+"""Per-participant Kubernetes namespaces, rendered: the workshop's settings and one kustomize overlay each.
 
 ``render`` writes one kustomize overlay per participant on top of ``k8s/base`` (namespace
 ``<prefix>-<NN>``, the labels below, the provisioning annotation on the Namespace, the model, the
 GPU sizing) and keeps each participant's secrets (notebook token, engine API key) in
 ``<overlay>/.secrets/``, mode 600, reused on the next run: rendering twice gives byte-identical
 files. Each overlay holds a marker file; rendering fewer participants into the same directory
-removes the files it wrote in the overlays no longer needed and nothing else.
-``teardown`` deletes a namespace only when it carries the label and the annotation, is named
-``<prefix>-NN`` for the ``--prefix`` given, and is no system namespace (``SYSTEM_NAMESPACES``).
-The kubectl-facing functions build a command and run it through one ``runner`` (``run_kubectl``
-when None; tests pass a recorded fake). Secret values go only to the cards file, never to stdout.
+removes the files it wrote in the overlays no longer needed and nothing else. Nothing here runs
+kubectl: ``helpers.cluster.namespaces`` applies the overlays, ``helpers.cluster.cards`` hands out the tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import fnmatch
-import html
-import io
 import json
 import os
 import re
 import secrets
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 import yaml
 
+from helpers.cluster.kubectl import ProvisionError
 from helpers.core import kit_paths
 from helpers.hardware.gpus import get_gpu
 
@@ -47,9 +40,7 @@ MANAGED_BY = "workshop-provision"
 PARTICIPANT_LABEL = "workshop/participant"
 PREFIX_LABEL = "workshop/prefix"
 PROVISIONED_ANNOTATION = "workshop/provisioned-by"  # on the Namespace only, value MANAGED_BY
-FIELD_MANAGER = "workshop-provision"
 SYSTEM_NAMESPACES = ("default", "kube-*", "openshift", "openshift-*")  # teardown never deletes these (fnmatch)
-KUBECTL_TIMEOUT_S = 300.0
 MAX_PARTICIPANTS = 99  # namespace suffixes are two digits
 
 
@@ -80,74 +71,13 @@ class LabModel:
 
 MOE_MODEL = "Qwen/Qwen3-30B-A3B"
 LAB_MODELS: dict[str, LabModel] = {m.name: m for m in (
-    LabModel("Qwen/Qwen3-4B", 8.04, "Qwen3-4B config.json: 4,022,468,096 params (helpers.planning.memory.count_params) x 2 bytes (BF16)"),
-    LabModel("RedHatAI/Qwen3-4B-FP8-dynamic", 4.41, "Qwen3-4B config.json: linear layers in FP8, embeddings in BF16 (helpers.planning.memory.weight_bytes)"),
-    LabModel("Qwen/Qwen3-0.6B", 1.19, "Qwen3-0.6B config.json: 596,049,920 params (helpers.planning.memory.count_params) x 2 bytes (BF16)"),
-    LabModel(MOE_MODEL, 61.06, "Qwen3-30B-A3B config.json: 30,532,122,624 params (helpers.planning.memory.count_params) x 2 bytes (BF16)"),
+    LabModel("Qwen/Qwen3-4B", 8.04, "Qwen3-4B config.json: 4,022,468,096 params (helpers.planning.shape.count_params) x 2 bytes (BF16)"),
+    LabModel("RedHatAI/Qwen3-4B-FP8-dynamic", 4.41, "Qwen3-4B config.json: linear layers in FP8, embeddings in BF16 (helpers.planning.weights.weight_bytes)"),
+    LabModel("Qwen/Qwen3-0.6B", 1.19, "Qwen3-0.6B config.json: 596,049,920 params (helpers.planning.shape.count_params) x 2 bytes (BF16)"),
+    LabModel(MOE_MODEL, 61.06, "Qwen3-30B-A3B config.json: 30,532,122,624 params (helpers.planning.shape.count_params) x 2 bytes (BF16)"),
 )}
 GPU_MEMORY_UTILIZATION = 0.90  # the labs' baseline --gpu-memory-utilization
 MIN_KV_AND_RUNTIME_GB = 4.0  # room left for KV cache, activations and CUDA graphs at 8192 tokens
-
-
-class ProvisionError(RuntimeError):
-    """Provisioning cannot go on; the message says what to do next."""
-
-
-class KubectlNotFound(ProvisionError):
-    """kubectl is not on PATH."""
-
-
-class ClusterUnreachable(ProvisionError):
-    """kubectl runs but finds no cluster (no kubeconfig, wrong context, network)."""
-
-
-# ---------------------------------------------------------------- running kubectl
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What one kubectl invocation returned."""
-
-    args: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Runner = Callable[[Sequence[str]], CommandResult]
-
-
-def run_kubectl(args: Sequence[str]) -> CommandResult:
-    """Run ``kubectl ARGS`` and capture its output (the default runner)."""
-    exe = shutil.which("kubectl")
-    if exe is None:
-        raise KubectlNotFound("kubectl is not installed or not on PATH: install it (the Kubernetes docs list "
-                              "packages for every OS), then check `kubectl cluster-info` reaches your cluster.")
-    try:
-        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        raise ClusterUnreachable(f"kubectl {' '.join(args[:2])} did not answer within {KUBECTL_TIMEOUT_S:.0f} s: "
-                                 "check `kubectl cluster-info`.") from None
-    return CommandResult(tuple(args), proc.returncode, proc.stdout, proc.stderr)
-
-
-_UNREACHABLE = re.compile(r"(unable to connect to the server|connection to the server .* was refused|"
-                          r"couldn't get current server api group list|no configuration has been provided|"
-                          r"dial tcp|no such host|i/o timeout|context deadline exceeded|"
-                          r"current-context is not set|context was not found)", re.IGNORECASE)
-
-
-def kubectl(args: Sequence[str], runner: Runner | None = None) -> str:
-    """Run kubectl through ``runner`` (default run_kubectl); return stdout, or raise a ProvisionError."""
-    result = (runner or run_kubectl)(list(args))
-    if result.returncode == 0:
-        return result.stdout
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    last = lines[-1] if lines else f"exit code {result.returncode}"
-    if _UNREACHABLE.search(result.stderr):
-        raise ClusterUnreachable(f"No Kubernetes cluster reachable ({last.strip()}). Check `kubectl config "
-                                 "current-context` and `kubectl cluster-info`, or set KUBECONFIG.")
-    raise ProvisionError(f"kubectl {' '.join(args[:2])} failed: {last.strip()}")
 
 
 # ---------------------------------------------------------------- settings of one workshop
@@ -177,14 +107,14 @@ def namespace_name(prefix: str, number: int) -> str:
     return f"{prefix}-{number:02d}"
 
 
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def validate(ws: Workshop) -> None:
     """Raise ProvisionError when the settings cannot make a working workshop."""
     if not 1 <= ws.participants <= MAX_PARTICIPANTS:
         raise ProvisionError(f"--participants must be between 1 and {MAX_PARTICIPANTS} (got {ws.participants})")
-    if (not _DNS_LABEL.match(ws.prefix) or len(ws.prefix) > 40 or ws.prefix.startswith("kube")
+    if (not DNS_LABEL.match(ws.prefix) or len(ws.prefix) > 40 or ws.prefix.startswith("kube")
             or is_system_namespace(namespace_name(ws.prefix, 1))):
         raise ProvisionError(f"--prefix {ws.prefix!r} must be a lowercase DNS label (a-z, 0-9, '-'), at most "
                              "40 characters, not starting with 'kube' or 'openshift'; e.g. --prefix ws")
@@ -192,7 +122,7 @@ def validate(ws: Workshop) -> None:
         raise ProvisionError(f"unknown --gpu-type {ws.gpu_type!r}: choose one of {', '.join(GPU_PROFILES)}")
     if ws.model not in LAB_MODELS:
         raise ProvisionError(f"unknown --model {ws.model!r}: the labs use {', '.join(LAB_MODELS)} "
-                             "(add a model to helpers.cluster.provision.LAB_MODELS with its weight size first)")
+                             "(add a model to helpers.cluster.overlays.LAB_MODELS with its weight size first)")
     gpu_gb = get_gpu(GPU_PROFILES[ws.gpu_type].gpu).memory_bytes / 1e9
     need_gb = LAB_MODELS[ws.model].weights_gb + MIN_KV_AND_RUNTIME_GB
     if need_gb > gpu_gb * GPU_MEMORY_UTILIZATION:
@@ -450,252 +380,3 @@ def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", 
 def secret_values(out_dir: Path | str) -> set[str]:
     """Every secret value stored under ``out_dir`` (for checks that none leaks)."""
     return {p.read_text().strip() for p in Path(out_dir).glob(f"*/{SECRETS_DIR}/*") if p.is_file()}
-
-
-# ---------------------------------------------------------------- cluster operations
-
-def apply_command(overlay_dir: Path | str) -> list[str]:
-    """kubectl arguments that apply one overlay (server-side, taking back fields notebooks patched)."""
-    return ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "--force-conflicts", "-k", str(overlay_dir)]
-
-
-def apply(out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None,
-          namespaces: Iterable[str] | None = None) -> list[str]:
-    """Apply the overlays under ``out_dir`` (all, or the given namespaces); return kubectl's summaries."""
-    ws = load_workshop(out_dir)
-    wanted = list(namespaces) if namespaces is not None else ws.namespaces()
-    unknown = [ns for ns in wanted if ns not in ws.namespaces()]
-    if unknown:
-        raise ProvisionError(f"{', '.join(unknown)} not provisioned in {out_dir}: "
-                             f"known are {', '.join(ws.namespaces())}")
-    summaries = []
-    for ns in wanted:
-        out = kubectl(apply_command(Path(out_dir) / ns), runner)
-        summaries.append(f"{ns}: {len(out.splitlines())} objects applied")
-    return summaries
-
-
-def _is_managed(obj: Mapping[str, Any]) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY
-
-
-def managed_selector(prefix: str | None = None) -> str:
-    """The label selector of provisioned objects (of one workshop prefix, if given)."""
-    return f"{MANAGED_BY_LABEL}={MANAGED_BY}" + (f",{PREFIX_LABEL}={prefix}" if prefix else "")
-
-
-@dataclass(frozen=True)
-class TeardownPlan:
-    """What teardown deletes, what it leaves alone and why, and the workshops it found (their prefixes)."""
-
-    prefix: str | None
-    delete: list[str]
-    skipped: dict[str, str] = field(default_factory=dict)  # namespace -> why teardown leaves it alone
-    workshops: list[str] = field(default_factory=list)  # prefixes that `teardown --prefix P` would delete from
-
-
-def _skip_reason(namespace: Mapping[str, Any], prefix: str | None) -> tuple[str | None, str | None]:
-    """Why teardown leaves ``namespace`` alone (None: it deletes it), and the workshop it belongs to."""
-    meta = namespace.get("metadata", {})
-    name, labels, annotations = meta["name"], meta.get("labels") or {}, meta.get("annotations") or {}
-    if is_system_namespace(name):
-        return f"a system namespace: teardown never deletes {', '.join(SYSTEM_NAMESPACES)}", None
-    if not _is_managed(namespace):
-        return f"not labelled {MANAGED_BY_LABEL}={MANAGED_BY}", None
-    if annotations.get(PROVISIONED_ANNOTATION) != MANAGED_BY:
-        return (f"labelled, but without the annotation {PROVISIONED_ANNOTATION}={MANAGED_BY} that "
-                "`workshop provision` sets (provisioned before it existed? run `workshop provision` again with "
-                "the same flags)"), None
-    own = labels.get(PREFIX_LABEL, "")
-    if not own or not re.fullmatch(re.escape(own) + r"-\d{2}", name):
-        return f"its name is not <prefix>-NN for its label {PREFIX_LABEL}={own}", None
-    if prefix is None:
-        return f"no --prefix given (workshop {own!r}: --prefix {own})", own
-    if own != prefix:
-        return f"workshop {own!r}, not {prefix!r}", own
-    return None, own
-
-
-def teardown(prefix: str | None = None, yes: bool = False, runner: Runner | None = None) -> TeardownPlan:
-    """Plan which namespaces of workshop ``prefix`` to delete (and why others stay); delete them only if ``yes``.
-
-    Without ``prefix`` nothing is deleted: the plan lists the workshops found, and ``yes`` is refused.
-    """
-    if prefix is not None and not _DNS_LABEL.match(prefix):
-        raise ProvisionError(f"--prefix {prefix!r} is not a namespace prefix (a lowercase DNS label such as ws): "
-                             "pass the --prefix the workshop was provisioned with")
-    if prefix is None and yes:
-        raise ProvisionError("teardown --yes needs --prefix: it deletes one workshop at a time. Run `workshop "
-                             "teardown` without --yes to list the workshops here, then `workshop teardown "
-                             "--prefix NAME --yes`")
-    listing = json.loads(kubectl(["get", "namespaces", "-l", managed_selector(), "-o", "json"], runner))
-    delete, skipped, workshops = [], {}, set()
-    for item in listing.get("items", []):
-        reason, workshop = _skip_reason(item, prefix)
-        if workshop:
-            workshops.add(workshop)
-        if reason is None:
-            delete.append(item["metadata"]["name"])
-        else:
-            skipped[item["metadata"]["name"]] = reason
-    delete.sort()
-    if yes and delete:
-        kubectl(["delete", "namespace", *delete, "--wait=false"], runner)
-    return TeardownPlan(prefix, delete, dict(sorted(skipped.items())), sorted(workshops))
-
-
-def reset(namespace: str, out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None) -> None:
-    """Re-apply one participant's overlay (undoing flag changes) and restart their engine; files are kept."""
-    ws = load_workshop(out_dir)
-    if namespace not in ws.namespaces():
-        raise ProvisionError(f"{namespace!r} is not one of this workshop's namespaces ({ws.namespaces()[0]} ... "
-                             f"{ws.namespaces()[-1]})")
-    live = json.loads(kubectl(["get", "namespace", namespace, "-o", "json"], runner))
-    if not _is_managed(live):
-        raise ProvisionError(f"namespace {namespace} lacks the label {MANAGED_BY_LABEL}={MANAGED_BY}: "
-                             "refusing to touch it")
-    kubectl(apply_command(Path(out_dir) / namespace), runner)
-    # Forget the notebooks' last good configuration (helpers.engine.k8s), so a later rollback returns to
-    # the provisioned baseline and not to a flag set before the reset. A missing key is not an error.
-    kubectl(["annotate", "deployment/vllm", "-n", namespace, "workshop/last-good-config-"], runner)
-    kubectl(["rollout", "restart", "deployment/vllm", "-n", namespace], runner)
-
-
-@dataclass(frozen=True)
-class ParticipantStatus:
-    """One participant's engine and notebook, as the instructor's status table shows them."""
-
-    namespace: str
-    engine: str
-    notebook: str
-    engine_restarts: int
-    node: str
-
-
-def _pod_state(pod: Mapping[str, Any]) -> str:
-    """A short word for where a pod is: ready, starting, downloading models, or why it is stuck."""
-    status = pod.get("status", {})
-    for cond in status.get("conditions", []):
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return f"unschedulable: {cond.get('message', cond.get('reason', ''))[:60]}"
-    for init in status.get("initContainerStatuses", []):
-        state = init.get("state", {})
-        if "running" in state:
-            return "downloading models"
-        waiting = state.get("waiting")
-        if waiting:
-            return f"init: {waiting.get('reason', 'waiting')}"
-        if state.get("terminated", {}).get("exitCode", 0) != 0:
-            return "init: failed"
-    containers = status.get("containerStatuses", [])
-    for c in containers:
-        waiting = c.get("state", {}).get("waiting")
-        if waiting and waiting.get("reason") not in (None, "PodInitializing", "ContainerCreating"):
-            return waiting["reason"]
-    if containers and all(c.get("ready") for c in containers):
-        return "ready"
-    return "starting" if status.get("phase") in ("Pending", "Running") else status.get("phase", "unknown").lower()
-
-
-def parse_status(listing: Mapping[str, Any]) -> list[ParticipantStatus]:
-    """Per-namespace status rows from ``kubectl get pods -A -l <managed> -o json`` output."""
-    pods: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for item in listing.get("items", []):
-        if item.get("kind", "Pod") != "Pod":
-            continue
-        meta = item["metadata"]
-        app = (meta.get("labels") or {}).get("app.kubernetes.io/name", "")
-        current = pods.setdefault(meta["namespace"], {}).get(app)
-        # During a Recreate rollout two pods can exist: show the newest.
-        if current is None or meta.get("creationTimestamp", "") > current["metadata"].get("creationTimestamp", ""):
-            pods[meta["namespace"]][app] = item
-    rows = []
-    for ns in sorted(pods):
-        engine, notebook = pods[ns].get("vllm"), pods[ns].get("notebook")
-        restarts = sum(c.get("restartCount", 0) for c in (engine or {}).get("status", {}).get("containerStatuses", []))
-        rows.append(ParticipantStatus(
-            namespace=ns,
-            engine=_pod_state(engine) if engine else "no pod",
-            notebook=_pod_state(notebook) if notebook else "no pod",
-            engine_restarts=restarts,
-            node=(engine or {}).get("spec", {}).get("nodeName") or "-",
-        ))
-    return rows
-
-
-def status(prefix: str | None = None, runner: Runner | None = None) -> list[ParticipantStatus]:
-    """Status rows of every provisioned participant (of ``prefix``, if given) from the live cluster."""
-    out = kubectl(["get", "pods", "--all-namespaces", "-l", managed_selector(prefix), "-o", "json"], runner)
-    return parse_status(json.loads(out))
-
-
-# ---------------------------------------------------------------- access cards
-
-@dataclass(frozen=True)
-class Card:
-    """What one participant needs to start: their namespace, URL and notebook token."""
-
-    participant: str
-    namespace: str
-    url: str
-    token: str = field(repr=False)
-    note: str = ""
-
-
-def access_cards(out_dir: Path | str = DEFAULT_OUT_DIR) -> list[Card]:
-    """One card per provisioned participant, from workshop.json and the stored tokens."""
-    ws = load_workshop(out_dir)
-    cards = []
-    for number, ns in enumerate(ws.namespaces(), start=1):
-        token_file = Path(out_dir) / ns / SECRETS_DIR / "notebook-token"
-        if not token_file.is_file():
-            raise ProvisionError(f"{token_file} is missing: run `workshop provision` again with the same settings")
-        if ws.domain:
-            url, note = f"https://{ns}.{ws.domain}/lab", ""
-        else:
-            url = "http://localhost:8888/lab"
-            note = f"no --domain: kubectl -n {ns} port-forward svc/notebook 8888:8888"
-        cards.append(Card(f"{number:02d}", ns, url, token_file.read_text().strip(), note))
-    return cards
-
-
-def cards_csv(cards: Sequence[Card]) -> str:
-    """The cards as CSV: participant, namespace, url, token, note."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["participant", "namespace", "url", "token", "note"])
-    for c in cards:
-        writer.writerow([c.participant, c.namespace, c.url, c.token, c.note])
-    return buf.getvalue()
-
-
-def cards_html(cards: Sequence[Card], title: str = "Own your inference: your lab") -> str:
-    """The cards as a printable HTML page, one card per participant."""
-    e = html.escape
-    items = "\n".join(
-        f'<div class="card"><h2>Participant {e(c.participant)}</h2>'
-        f"<p>Namespace: <code>{e(c.namespace)}</code></p>"
-        f'<p>JupyterLab: <a href="{e(c.url)}">{e(c.url)}</a></p>'
-        f"<p>Token: <code>{e(c.token)}</code></p>"
-        + (f'<p class="note">{e(c.note)}</p>' if c.note else "") + "</div>"
-        for c in cards)
-    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" + e(title) + "</title><style>"
-            "body{font-family:sans-serif} .card{border:1px solid #444;border-radius:8px;padding:12px;margin:12px;"
-            "width:28em;display:inline-block;vertical-align:top;page-break-inside:avoid} code{font-size:1.05em}"
-            ".note{color:#555;font-size:.9em}</style></head><body>\n" + items + "\n</body></html>\n")
-
-
-def write_cards(out_dir: Path | str = DEFAULT_OUT_DIR, fmt: str = "csv", out_file: Path | str | None = None) -> Path:
-    """Write the access cards (csv or html) with mode 600; return the file's path."""
-    if fmt not in ("csv", "html"):
-        raise ProvisionError(f"--format must be csv or html (got {fmt!r})")
-    cards = access_cards(out_dir)
-    text = cards_csv(cards) if fmt == "csv" else cards_html(cards)
-    path = Path(out_file) if out_file else Path(out_dir) / f"cards.{fmt}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)  # also when the file existed with wider permissions
-    return path

@@ -1,0 +1,59 @@
+"""What several test files share: an engine that keeps its configuration in memory, an environment of its own for
+a test's real engine, and a port some other program holds. (Fake servers live in fake_vllm.py and
+fake_engine_server.py, a fake kubectl in fixtures/fake_kubectl.py, fake package indexes in fake_index.py.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from helpers.core.settings import CONTRACT_VARIABLES
+from helpers.core.vllm_args import EngineConfig
+from helpers.engine.interface import Engine
+
+
+class RecordingEngine(Engine):
+    """Keeps a configuration in memory and records each apply (what a flag change or a rollback calls)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config, self.applied = config, []
+
+    def config(self) -> EngineConfig:
+        return self._config
+
+    def apply(self, config: EngineConfig, timeout_s: float | None = None) -> None:
+        self.applied.append(config)
+        self._config = config
+
+    def logs(self, lines: int = 50) -> str:
+        return ""
+
+    def stop(self) -> None:
+        pass
+
+
+@contextmanager
+def engine_environment(port: int | str, state_dir: Path) -> Iterator[Path]:
+    """This process's environment for a test's own engine: no contract variable (VLLM_HOST, MODEL_NAME, ...), its own
+    port and state directory; the environment as it was afterwards."""
+    saved = dict(os.environ)
+    for name in CONTRACT_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(WORKSHOP_PORT=str(port), WORKSHOP_STATE_DIR=str(state_dir))
+    try:
+        yield state_dir
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that this test process listens on (another program, as the engine sees it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
