@@ -29,8 +29,8 @@ _spec = importlib.util.spec_from_file_location("workshop_install", HERE / "insta
 install = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(install)
 
-# manylinux tags a current Linux accepts, oldest first (pip checks one --platform value per tag)
-GLIBC = ("2_17", "2_24", "2_27", "2_28", "2_31", "2_34", "2_35", "2_39")
+# manylinux tags a current Linux (glibc 2.17 to 2.40) accepts: pip takes one --platform value per tag
+GLIBC = tuple(f"2_{minor}" for minor in range(17, 41))
 
 
 def stock_env() -> dict[str, str]:

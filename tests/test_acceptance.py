@@ -4,8 +4,8 @@ both ways (independent guesses, a draft that sticks once right, one that fades).
 import pandas as pd
 import pytest
 
-from helpers.planning.acceptance import (expected_accepted_length, expected_length_table, formula_conclusion,
-                                length_gain_outcome, more_guesses)
+from helpers.planning.acceptance import expected_accepted_length, expected_length_table, more_guesses
+from helpers.lessons.l06_speculative import formula_conclusion, length_gain_outcome
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 
 

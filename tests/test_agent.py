@@ -1,27 +1,49 @@
-"""The agent's context-tax conclusion, fed numbers both ways (the loop itself runs against the engine)."""
+"""The agent loop against a scripted model: it runs the tool the model asks for, sends the result back and stops
+at the answer, one trace row per model call (the loop against the real engine: test_engine_integration.py)."""
 
-from helpers.evals.agent import conclude_context_growth
-from helpers.core.conclusion import NOT_SHOWN, SHOWN
+import json
+from types import SimpleNamespace
 
-
-def test_growing_prompt_is_shown():
-    c = conclude_context_growth([300, 420, 560, 700], [20, 15, 18, 22])
-    assert c.verdict == SHOWN and "300 to 700 tokens (2.3x)" in c.text
+from helpers.evals.agent import run_agent
 
 
-def test_flat_prompt_is_not_shown():
-    c = conclude_context_growth([300, 310, 305], [20, 15, 18])
-    assert c.verdict == NOT_SHOWN and "grew less than 1.5x" in c.text
+class ToolCall(SimpleNamespace):
+    def model_dump(self, include=None):
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.function.name, "arguments": self.function.arguments}}
 
 
-def test_one_call_is_not_enough():
-    assert conclude_context_growth([300], [20]).verdict == NOT_SHOWN
+def reply(content=None, calls=(), prompt_tokens=100, completion_tokens=10):
+    message = SimpleNamespace(content=content, tool_calls=list(calls) or None)
+    return SimpleNamespace(choices=[SimpleNamespace(message=message)],
+                           usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
 
 
-def test_the_tool_tax_outcome_goes_both_ways():
-    from helpers.evals.agent import tool_tax_outcome
+class ScriptedLab:
+    """Answers each chat call with the next reply of the script and keeps the messages it was sent."""
 
-    outcome, detail = tool_tax_outcome(20, 260, 4)
-    assert outcome == "more" and "+240 tokens (+60 per tool)" in detail
-    assert tool_tax_outcome(20, 20, 4)[0] == "about the same"
-    assert tool_tax_outcome(200, 20, 4)[0] == "fewer"
+    def __init__(self, *replies):
+        self.replies, self.sent = list(replies), []
+
+    def chat(self, messages, **kwargs):
+        self.sent.append([dict(m) for m in messages])
+        return self.replies.pop(0)
+
+
+def test_the_loop_runs_the_asked_tool_and_sends_its_result_back():
+    call = ToolCall(id="call-1", function=SimpleNamespace(name="calculator", arguments=json.dumps({"expression": "2+3"})))
+    lab = ScriptedLab(reply(calls=[call], prompt_tokens=120), reply("It is 5.", prompt_tokens=160))
+    run = run_agent(lab, "What is 2+3?")
+    assert run.answer == "It is 5." and run.called_tools and len(run.steps) == 2
+    assert run.steps[0].tool_calls[0]["name"] == "calculator" and run.steps[0].tool_calls[0]["arguments"] == {"expression": "2+3"}
+    tool_message = lab.sent[1][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call-1"
+    assert json.loads(tool_message["content"]) == run.steps[0].tool_calls[0]["result"]
+    assert run.trace()["prompt_tokens"].tolist() == [120, 160]
+
+
+def test_the_loop_stops_after_max_steps_without_an_answer():
+    call = ToolCall(id="c", function=SimpleNamespace(name="no_such_tool", arguments="{}"))
+    run = run_agent(ScriptedLab(reply(calls=[call]), reply(calls=[call])), "loop forever", max_steps=2)
+    assert run.answer is None and len(run.steps) == 2
+    assert "unknown tool" in run.steps[0].tool_calls[0]["result"]["error"]

@@ -192,3 +192,23 @@ def test_the_package_stays_small_enough_to_read():
     long = {module_name(p): n for p in HELPERS.rglob("*.py") if (n := len(p.read_text().splitlines())) >
             LIMITS["lines_per_module"]}
     assert long == {}, f"modules over {LIMITS['lines_per_module']} lines: {long}"
+
+
+def test_every_public_error_of_the_helpers_derives_from_the_one_base_the_cli_catches():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import helpers
+    from helpers.core.errors import WorkshopError
+
+    errors = {}
+    for info in pkgutil.walk_packages(helpers.__path__, "helpers."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name:
+                errors[f"{info.name}.{name}"] = obj
+    assert len(errors) >= 15, sorted(errors)  # the walk found the package's errors
+    outside = sorted(name for name, cls in errors.items()
+                     if not name.rsplit(".", 1)[1].startswith("_") and not issubclass(cls, WorkshopError))
+    assert outside == [], f"derive these from helpers.core.errors.WorkshopError: {outside}"

@@ -238,3 +238,15 @@ def test_up_switches_the_running_engine_to_model_name_and_refuses_a_name_not_shi
         assert err.count("\n") == 1 and engine.served_models() == ["tiny-moe"]
     finally:
         engine.stop()
+
+
+def test_any_error_for_a_person_is_one_line_from_the_cli(monkeypatch, capsys):
+    from helpers.hardware.gpus import UnknownGPUError
+
+    def failing(args):
+        raise UnknownGPUError("No GPU named 'H900': choose one of H100, L4 (workshop gpus lists them)")
+
+    monkeypatch.setattr(cli, "cmd_status", failing)
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: No GPU named 'H900': choose one of H100, L4 (workshop gpus lists them)\n"

@@ -77,7 +77,7 @@ def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):
 
 def test_the_notebooks_import_helper_modules_that_this_test_finds():
     found = notebook_helper_modules()
-    assert {"helpers.engine.session", "helpers.measure.stream_timing", "helpers.lessons.l03.generation_loop", "helpers.lessons.plots"} <= set(found)
+    assert {"helpers.engine.session", "helpers.lessons.l01_connect", "helpers.lessons.l03", "helpers.lessons.l03.attention"} <= set(found)
 
 
 def test_client_env_has_no_vllm_and_imports_every_helper_module_a_notebook_uses(client_python):

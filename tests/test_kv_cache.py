@@ -1,10 +1,15 @@
-"""KV-cache conclusions: one request's blocks, prefix caching cold vs warm, an agent's cache hits."""
+"""KV-cache conclusions: one request's blocks, prefix caching cold vs warm, an agent's cache hits, and reusing
+a prefix's KV from a tier of the memory hierarchy or from this machine's RAM and files."""
 
 import pandas as pd
 import pytest
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
-from helpers.lessons.l03.kv_cache import conclude_agent_cache, conclude_kv_peak, conclude_prefix_cache, expected_blocks
+from helpers.hardware.gpus import get_gpu
+from helpers.lessons.l03.kv_cache import (conclude_agent_cache, conclude_kv_peak, conclude_machine_reuse,
+                                          conclude_prefix_cache, conclude_tiers, expected_blocks)
+from helpers.planning import kv_reuse
+from helpers.planning.shape import REFERENCE_CONFIGS
 
 
 def test_peak_within_the_request_blocks_is_shown():
@@ -67,3 +72,26 @@ def test_break_the_cache_refuses_a_position_outside_the_prefix():
 
     with pytest.raises(ValueError, match="inside the prefix"):
         measure_break_cache(None, 10, 10)
+
+
+# ---------------------------------------------------------------- hierarchical reuse: load against recompute
+
+LLAMA = kv_reuse.prefix_model(REFERENCE_CONFIGS / "Llama-3.1-8B.json")
+A100 = get_gpu("A100 80GB SXM")
+
+
+def test_tier_conclusion_both_ways():
+    fast = kv_reuse.tier_verdicts(LLAMA, A100.peak_flops(), 0.5, kv_reuse.DGX_A100_TIERS, 4096)
+    assert conclude_tiers("DGX A100", fast, 4096, 0.5).verdict == SHOWN
+    slow = kv_reuse.tier_verdicts(LLAMA, A100.peak_flops(), 0.5, [kv_reuse.Tier("slow", 0.5, "test")], 64)
+    concluded = conclude_tiers("DGX A100", slow, 64, 0.5)
+    assert concluded.verdict == NOT_SHOWN and "wins only from" in concluded.text
+
+
+def test_machine_reuse_is_judged_both_ways():
+    table = pd.DataFrame({"prompt_tokens": [64, 1024], "kv_MB": [0.13, 2.1], "recompute_ttft_ms": [30.0, 200.0]})
+    shown = conclude_machine_reuse(table.assign(read_from_RAM_ms=0.1, read_from_file_ms=0.2))
+    assert shown.verdict == SHOWN and "1,024 prompt tokens" in shown.text
+    slow = conclude_machine_reuse(table.assign(read_from_RAM_ms=0.1, read_from_file_ms=[50.0, 500.0]))
+    assert slow.verdict == NOT_SHOWN and "[64, 1024]" in slow.text
+    assert conclude_machine_reuse(table.iloc[:0]).verdict == NOT_SHOWN

@@ -1,5 +1,5 @@
-"""Recompute against load for a cached prefix: the arithmetic, the crossover, the sourced tiers, this machine's
-measured reads, and the conclusions fed numbers both ways."""
+"""Recompute against load for a cached prefix: the arithmetic, the crossover, the sourced tiers and this machine's
+measured reads (the conclusions, notebook 03's, are tested in test_kv_cache.py)."""
 
 import math
 
@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from helpers.planning import kv_reuse
-from helpers.core.conclusion import NOT_SHOWN, SHOWN
 from helpers.hardware.gpus import GPUS, get_gpu
 from helpers.planning.shape import REFERENCE_CONFIGS
 
@@ -62,24 +61,12 @@ def test_tier_and_gpu_tables():
     assert "load from host DRAM over PCIe Gen4 x16 = local NVMe (4 drives, RAID 0)" in set(curves["way"])
 
 
-def test_tier_conclusion_both_ways():
-    fast = kv_reuse.tier_verdicts(LLAMA, A100.peak_flops(), 0.5, kv_reuse.DGX_A100_TIERS, 4096)
-    assert kv_reuse.conclude_tiers("DGX A100", fast, 4096, 0.5).verdict == SHOWN
-    slow = kv_reuse.tier_verdicts(LLAMA, A100.peak_flops(), 0.5, [kv_reuse.Tier("slow", 0.5, "test")], 64)
-    concluded = kv_reuse.conclude_tiers("DGX A100", slow, 64, 0.5)
-    assert concluded.verdict == NOT_SHOWN and "wins only from" in concluded.text
-
-
-def test_machine_reads_are_measured_and_judged_both_ways(tmp_path):
+def test_machine_reads_are_measured(tmp_path):
     prefill = pd.DataFrame({"prompt_tokens": [64.0, 1024.0], "mean_ttft_ms": [30.0, 200.0]})
     table = kv_reuse.machine_reuse(prefill, 2048, directory=tmp_path, repeats=1)
     assert table["kv_MB"].tolist() == pytest.approx([64 * 2048 / 1e6, 1024 * 2048 / 1e6])
     assert (table[["read_from_RAM_ms", "read_from_file_ms"]] > 0).all().all()
     assert not list(tmp_path.iterdir())  # the file is removed
-    shown = kv_reuse.conclude_machine_reuse(table.assign(read_from_RAM_ms=0.1, read_from_file_ms=0.2))
-    assert shown.verdict == SHOWN and "1,024 prompt tokens" in shown.text
-    slow = kv_reuse.conclude_machine_reuse(table.assign(read_from_RAM_ms=0.1, read_from_file_ms=[50.0, 500.0]))
-    assert slow.verdict == NOT_SHOWN and "[64, 1024]" in slow.text
     assert math.isfinite(kv_reuse.measure_ram_read_s(1 << 16, repeats=1))
     with pytest.raises(ValueError, match="positive"):
         kv_reuse.measure_file_read_s(0)

@@ -53,3 +53,35 @@ def test_a_widget_cell_gets_the_short_timeout_and_a_measuring_cell_the_long_one(
     explorer = [c for c in nbformat.read(NOTEBOOK_DIR / "02_units_and_memory_budget.ipynb", as_version=4).cells
                 if c.cell_type == "code" and "widgets.interact" in c.source]
     assert len(explorer) == 1 and cell_timeout_s(explorer[0], 1800) == WIDGET_CELL_TIMEOUT_S
+
+
+LESSON_MODULES = {"01": "helpers.lessons.l01_connect", "02": "helpers.lessons.l02_memory", "03": "helpers.lessons.l03",
+                  "04": "helpers.lessons.l04_moe", "05": "helpers.lessons.l05_quantization",
+                  "06": "helpers.lessons.l06_speculative", "07": "helpers.lessons.l07_saturation",
+                  "08": "helpers.lessons.l08_tuning"}
+
+
+def helper_imports(path) -> set[str]:
+    """The helpers modules a notebook's code cells import from (``from helpers.x import y`` names helpers.x)."""
+    import ast
+
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "helpers":
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.split(".")[0] == "helpers")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_imports_its_own_lesson_module_and_the_session_only(path):
+    own = LESSON_MODULES[path.name[:2]]
+    assert helper_imports(path) == {own, "helpers.engine.session"}, "import the floors' names through " + own
+    readme = (NOTEBOOK_DIR.parent / "helpers" / "README.md").read_text()
+    shown = own.removeprefix("helpers.").replace(".", "/") + ("/" if own.endswith("l03") else ".py")
+    assert f"`{shown}`" in readme, f"helpers/README.md maps notebook {path.name[:2]} to {shown}"

@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 from helpers.hardware.machine import cpu_info  # noqa: E402
 from helpers.planning.shape import REFERENCE_CONFIGS  # noqa: E402
 from helpers.planning.quant_formats import (format_ladder, gguf_bits_per_weight, installed_vllm_methods,  # noqa: E402
-                                   ladder_check, machine_verdict, map_disagreements, quantization_map, schemes)
+                                            machine_verdict, quantization_map, schemes)
+from helpers.lessons.l05_quantization import ladder_check, map_disagreements  # noqa: E402
 
 
 def test_gguf_block_layouts_give_llama_cpps_bits_per_weight():

@@ -131,12 +131,14 @@ def test_cohorts_finishing_together_still_read_as_the_scheduler_cap():
     assert verdict.limit == "scheduler" and verdict.evidence["running_at_cap_share"] == 0.5
 
 
-# ---------------------------------------------------------------- conclusions from the numbers
+# ---------------------------------------------------------------- notebook 07's conclusions from the numbers
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.measure.saturation import (cap_conclusion, client_lag_conclusion, control_conclusion,  # noqa: E402
-                                goodput_conclusion, lift_conclusion, relative_slos, saturation_caveat,
-                                slo_rule, steadiness_conclusion)
+from helpers.lessons.l07_saturation import (cap_conclusion, cap_doubling_outcome, client_lag_conclusion,  # noqa: E402
+                                            control_conclusion, goodput_conclusion, lift_conclusion,
+                                            pareto_fold_conclusion, saturation_caveat, slo_rule,
+                                            steadiness_conclusion, waiting_if_cap)
+from helpers.measure.saturation import relative_slos  # noqa: E402
 
 
 def top_run(thr, ttft, tpot, goodput=0.0, good=0, completed=64, c=32):
@@ -268,17 +270,17 @@ def test_the_new_sweep_figures_keep_lines_and_legends_apart():
 
 def test_a_pareto_curve_that_folds_back_is_named_with_its_numbers():
     table = pd.DataFrame(summaries([100, 380, 700, 730, 740], [20, 22, 25, 400, 1200]))
-    assert saturation.pareto_fold_conclusion(table).verdict == "shown"
+    assert pareto_fold_conclusion(table).verdict == "shown"
     folded = pd.DataFrame(summaries([100, 380, 700, 500, 450], [20, 22, 25, 400, 1200]))
-    c = saturation.pareto_fold_conclusion(folded)
+    c = pareto_fold_conclusion(folded)
     assert c.verdict == "not shown" and "from concurrency 8 to 16" in c.text and "700 -> 500" in c.text
     # a dip inside the noise is not a fold
-    assert saturation.pareto_fold_conclusion(pd.DataFrame(summaries([100, 380, 700, 690, 740], [1] * 5))).verdict == "shown"
+    assert pareto_fold_conclusion(pd.DataFrame(summaries([100, 380, 700, 690, 740], [1] * 5))).verdict == "shown"
 
 
 @pytest.mark.parametrize("users, cap, outcome, doubled", [(32, 4, "fewer would wait", 24), (32, 16, "none would wait", 0),
                                                           (8, 8, "none would wait", 0), (4, 8, "none would wait", 0)])
 def test_doubling_the_cap_from_the_closed_loop_queue(users, cap, outcome, doubled):
-    got, detail = saturation.cap_doubling_outcome(users, cap, waited_max=max(0, users - cap))
+    got, detail = cap_doubling_outcome(users, cap, waited_max=max(0, users - cap))
     assert got == outcome and f"behind {2 * cap}: {doubled} would wait" in detail
-    assert saturation.waiting_if_cap(users, cap) == max(0, users - cap)
+    assert waiting_if_cap(users, cap) == max(0, users - cap)

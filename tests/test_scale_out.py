@@ -153,22 +153,20 @@ def test_split_cost_conclusion_names_both_sides_and_the_ratio():
 
 
 def test_a_skipped_scale_out_run_says_why_everywhere():
-    from helpers.lessons import plots
-    from helpers.lessons.l07_saturation import ScaleOutRun
+    from helpers.lessons.l07_saturation import ScaleOutRun, failure_timeline, routing_by_policy
 
     run = ScaleOutRun(skipped="The engine runs in a cluster: ...")
     assert run.affinity().verdict == WITHIN_NOISE and "cluster" in run.affinity().text
     assert run.survival().verdict == WITHIN_NOISE and run.failure_story() == run.skipped
     assert run.summary().empty and run.failure_table().empty and run.caveats() == []
     assert "not run here" in str(run.conclusions()[0])
-    assert plots.routing_by_policy(run) is None and plots.failure_timeline(run) is None
+    assert routing_by_policy(run) is None and failure_timeline(run) is None
 
 
 def test_a_scale_out_run_concludes_from_its_numbers():
     import matplotlib.pyplot as plt
 
-    from helpers.lessons import plots
-    from helpers.lessons.l07_saturation import ScaleOutRun
+    from helpers.lessons.l07_saturation import ScaleOutRun, failure_timeline, routing_by_policy
 
     rows = [{**r, "e2e_s": 1.0} for r in (_row(True, t=0.0), _row(False, "ServerDisconnectedError", t=2.0),
                                           _row(True, t=3.0), _row(True, t=20.0))]
@@ -184,7 +182,7 @@ def test_a_scale_out_run_concludes_from_its_numbers():
     assert survival.verdict == NOT_SHOWN and "did not get requests" in survival.text
     assert [str(c) for c in run.conclusions()][-1] == str(survival) and len(run.conclusions()) == 7
     assert str(run.conclusions()[0]).startswith("- round_robin over 2 replicas: prefix-cache hit rate 50.0%, TTFT turn 1 200 ms, later turns 1,400 ms")
-    for figure in (plots.routing_by_policy(run), plots.failure_timeline(run)):
+    for figure in (routing_by_policy(run), failure_timeline(run)):
         assert len(figure.axes) >= 1
         plt.close(figure)
     never_killed = ScaleOutRun(_comparison(), FailureRun(failure.requests, 1, None, None, 6.0, None, None), 2, cores=2)

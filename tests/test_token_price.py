@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 from helpers.planning import token_price as tp  # noqa: E402
 from helpers.hardware.gpus import HOURLY_PRICES, get_gpu, hourly_price  # noqa: E402
 from helpers.planning.shape import REFERENCE_CONFIGS  # noqa: E402
+from helpers.lessons.l07_saturation import faster_is_dearer, gpus_needed_conclusion  # noqa: E402
 
 SWEEP = pd.DataFrame({"concurrency": [1, 4, 16], "output_throughput": [10.0, 36.0, 48.0],
                       "median_tpot_ms": [100.0, 111.0, 333.0]})
@@ -33,13 +34,13 @@ def test_sweep_prices_per_run_and_cheapest_per_target():
 
 def test_faster_is_dearer_flips_with_the_numbers():
     best = tp.cheapest_at_targets(tp.sweep_price_frame({"s": SWEEP}, 3.6), [50, 100, 400])
-    shown = tp.faster_is_dearer(best, "this machine")
+    shown = faster_is_dearer(best, "this machine")
     assert shown.verdict == "shown" and "no setup meets 50 ms" in shown.text and "4.8x more" in shown.text
     flat = tp.cheapest_at_targets(tp.sweep_price_frame({"s": SWEEP}, 3.6), [400, 500])
-    assert tp.faster_is_dearer(flat, "this machine").verdict == "not shown"  # one batch meets both
+    assert faster_is_dearer(flat, "this machine").verdict == "not shown"  # one batch meets both
     close = SWEEP.assign(output_throughput=[10.0, 10.2, 10.3])
     noisy = tp.cheapest_at_targets(tp.sweep_price_frame({"s": close}, 3.6), [100, 400])
-    assert tp.faster_is_dearer(noisy, "s").verdict == "within noise"
+    assert faster_is_dearer(noisy, "s").verdict == "within noise"
 
 
 def test_llama_70b_bf16_needs_two_h100s_and_a_faster_token_costs_more():
@@ -80,7 +81,7 @@ def test_the_figure_and_the_gpus_sentence():
     table = tp.gpu_price_table({"H100 SXM": 2.99}, LLAMA_70B, [10, 20, 30], 1024, 1024)
     fig = tp.plot_price_vs_target({"H100 SXM": table}, "price against target")
     assert list(fig.axes[0].lines[0].get_xdata()) == [10, 20, 30]
-    text = tp.gpus_needed_conclusion(table, "H100 SXM", "Llama 3 70B", 1024, 1024).text
+    text = gpus_needed_conclusion(table, "H100 SXM", "Llama 3 70B", 1024, 1024).text
     assert "at least 2 GPUs" in text and "10 ms: 8 GPUs" in text
 
 

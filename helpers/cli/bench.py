@@ -23,8 +23,9 @@ from helpers.measure import bench_results, server_metrics
 from helpers.cli.args import checked_number, error, output_path_problem
 from helpers.measure.loadgen import run_sweep, sweep_loads
 from helpers.measure.workloads import Load, LoadError, Workload
-from helpers.engine.session import EndpointError, check_endpoint
-from helpers.core.settings import SettingsError, load_settings
+from helpers.engine.session import check_endpoint
+from helpers.core.settings import load_settings
+from helpers.core.errors import WorkshopError
 
 DEFAULT_NUM_REQUESTS = 64
 DEFAULT_WARMUP = 2
@@ -37,7 +38,7 @@ PRINTED_COLUMNS = {  # summary field -> column title
 }
 
 
-class UsageError(ValueError):
+class UsageError(WorkshopError, ValueError):
     """A command-line value that cannot be used; the message names the flag and an example."""
 
 
@@ -184,7 +185,7 @@ def run_bench(args: argparse.Namespace) -> int:
         settings = load_settings()
         model = args.model or settings.model
         check_endpoint(settings, model)
-    except (UsageError, SettingsError, EndpointError) as err:
+    except WorkshopError as err:  # UsageError, the settings, the endpoint
         return error(str(err))
     from helpers.engine.replicas import replica_set_for  # a replica set behind the router: per-replica figures too
     from helpers.measure.routing import per_replica_report, replica_snapshots
@@ -314,7 +315,7 @@ def run_metrics(args: argparse.Namespace) -> int:
         else:
             url = args.url or load_settings().metrics_url
             snap = server_metrics.scrape(url, model=args.model)
-    except (server_metrics.MetricsError, SettingsError) as err:
+    except WorkshopError as err:  # MetricsError, the settings
         return error(str(err))
     values = server_metrics.normalized(snap)
     if args.json:

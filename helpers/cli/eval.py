@@ -18,9 +18,9 @@ import pandas as pd
 
 from helpers.evals import suite as evals
 from helpers.cli.args import error, number_type, output_path_problem
-from helpers.engine.interface import EngineError
-from helpers.engine.session import EndpointError, connect
-from helpers.core.settings import SettingsError, load_settings
+from helpers.core.errors import WorkshopError
+from helpers.engine.session import connect
+from helpers.core.settings import load_settings
 
 SHOWN_FAILURES = 10
 
@@ -113,7 +113,7 @@ def run_eval(args: argparse.Namespace) -> int:
         lab = connect(load_settings(), start=False)
         run = evals.run_suite(lab, suite, evals.EvalSettings(seed=args.seed, max_tokens=args.max_tokens),
                               progress=sys.stderr.isatty())
-    except (ValueError, SettingsError, EndpointError, EngineError) as err:  # EngineError: MODEL_NAME not shipped
+    except (ValueError, WorkshopError) as err:  # a bad suite file, the settings, the endpoint, MODEL_NAME not shipped
         return error(str(err))
     print(f"{run.suite} v{run.suite_version}: {len(run.rows)} tasks against {run.model} at "
           f"{evals.safe_endpoint(run.endpoint)} in {run.wall_s:.1f} s (temperature {run.settings.temperature}, "

@@ -18,7 +18,8 @@ from typing import Any
 
 from helpers.cli import args as cli_args
 from helpers.core import kit_paths
-from helpers.core.settings import SettingsError, load_settings
+from helpers.core.errors import WorkshopError
+from helpers.core.settings import load_settings
 from helpers.core.vllm_args import ROUTER_POLICIES
 
 # The subcommands other modules register, by module, in --help's order: named here so that a module that cannot
@@ -397,13 +398,6 @@ def _register(sub: argparse._SubParsersAction, module: str, commands: tuple[str,
     loaded.register(sub)
 
 
-def _reported_errors() -> tuple[type[Exception], ...]:
-    """The errors a command reports in one line: those of the modules loaded by now (one not loaded raised none)."""
-    named = (("helpers.engine.interface", "EngineError"), ("helpers.engine.session", "EndpointError"),
-             ("helpers.hardware.machine", "MachineError"))
-    return (SettingsError, *(getattr(sys.modules[m], name) for m, name in named if m in sys.modules))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -417,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing is None:
             raise
         return cli_args.error(_missing_line(args.command, missing))
-    except _reported_errors() as err:  # evaluated when an error arrives: the modules the command imported by then
+    except WorkshopError as err:  # every error the helpers raise for a person to read (helpers/core/errors.py)
         return cli_args.error(str(err))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

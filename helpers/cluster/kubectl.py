@@ -13,10 +13,12 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from helpers.core.errors import WorkshopError
+
 KUBECTL_TIMEOUT_S = 300.0
 
 
-class ProvisionError(RuntimeError):
+class ProvisionError(WorkshopError, RuntimeError):
     """Provisioning cannot go on; the message says what to do next."""
 
 

@@ -1,8 +1,9 @@
 """A lesson's conclusion: the sentence computed from this run's numbers and, when the lesson expects an
 effect, the verdict on it (shown / not shown / within noise).
 
-Conclusion functions live in the module of their concept (``stream_timing.conclude_stream``,
-``cost.conclude_rent_vs_own`` ...); each returns :class:`Conclusion` objects and a notebook prints them.
+Conclusion functions live in the lesson module of their notebook (``lessons.l01_connect.conclude_stream``,
+``lessons.l07_saturation`` ...), or beside a measurement the command line reports too; each returns
+:class:`Conclusion` objects, and a notebook prints them (``core.lesson.show_conclusions``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from helpers.core.errors import WorkshopError
+
 PROFILES = ("cpu", "gpu", "k8s")
 CONTRACT_VARIABLES = ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "WORKSHOP_PROFILE")
 DEFAULT_PORT = 8000
@@ -28,7 +30,7 @@ TINY_AGENT = "tiny-agent"
 GPU_MODEL = "Qwen/Qwen3-4B"
 
 
-class SettingsError(ValueError):
+class SettingsError(WorkshopError, ValueError):
     """The environment does not describe a usable endpoint."""
 
 

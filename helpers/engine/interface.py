@@ -28,6 +28,7 @@ import httpx
 
 from helpers.core.settings import Settings, models_dir
 from helpers.core.vllm_args import EngineConfig, with_flag
+from helpers.core.errors import WorkshopError
 
 CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must be set explicitly
 # The model runs inside the engine-core process instead of a separate worker process. With a worker,
@@ -41,7 +42,7 @@ CPU_START_TIMEOUT_S = 300.0
 GPU_START_TIMEOUT_S = 1200.0
 
 
-class EngineError(RuntimeError):
+class EngineError(WorkshopError, RuntimeError):
     """The engine could not do what was asked; the message says what to do next."""
 
 

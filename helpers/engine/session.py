@@ -22,11 +22,12 @@ from helpers.engine.interface import Engine, EngineError, ExternalEngine, list_m
 from helpers.engine.local import LocalEngine
 from helpers.engine.replicas import ReplicaSet, replica_set_for
 from helpers.core.settings import Settings, load_settings
+from helpers.core.errors import WorkshopError
 
 CONNECT_TIMEOUT_S = 5.0
 
 
-class EndpointError(RuntimeError):
+class EndpointError(WorkshopError, RuntimeError):
     """The endpoint is unreachable, refuses our key, or does not serve the model we asked for."""
 
 

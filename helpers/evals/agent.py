@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion
 from helpers.tiny.tools import TOOLS, call_tool
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
@@ -87,40 +86,9 @@ def run_agent(lab: Lab, question: str, tools: list[dict[str, Any]] | None = None
     return AgentRun(question, None, steps, messages)
 
 
-def conclude_context_growth(prompt_tokens: list[int], completion_tokens: list[int],
-                            min_growth: float = 1.5) -> Conclusion:
-    """The context tax, judged: the prompt of the last call is at least ``min_growth`` x the first's while
-    the answers stay shorter than the prompts (token counts as the server reported them)."""
-    expectation = "the prompt grows with every call while the answers stay short"
-    if len(prompt_tokens) < 2:
-        return Conclusion(f"only {len(prompt_tokens)} model call was made: nothing to compare.", NOT_SHOWN, expectation)
-    first, last = prompt_tokens[0], prompt_tokens[-1]
-    growth = last / first if first else float("inf")
-    mean_completion = sum(completion_tokens) / len(completion_tokens)
-    text = (f"over {len(prompt_tokens)} calls the prompt went from {first:,} to {last:,} tokens ({growth:.1f}x); "
-            f"the answers averaged {mean_completion:.0f} tokens")
-    if growth >= min_growth and mean_completion < last:
-        return Conclusion(text + ": agents pay for the whole context on every step.", SHOWN, expectation)
-    return Conclusion(text + f": the prompt grew less than {min_growth:g}x (the conversation was short, or the "
-                      "history was not re-sent).", NOT_SHOWN, expectation)
-
-
-# ---------------------------------------------------------------- try it yourself: the tools' context tax
-
-TOOL_TAX_CHOICES = ("fewer", "about the same", "more")
-
+# ---------------------------------------------------------------- the tools' own cost: their schemas in the prompt
 
 def prompt_tokens_with_tools(lab: Lab, question: str, tools: list[dict[str, Any]]) -> int:
     """The prompt tokens the server counts for ``question`` alone when ``tools`` are offered (none: no tools)."""
     resp = lab.chat([{"role": "user", "content": question}], max_tokens=1, **({"tools": tools} if tools else {}))
     return int(resp.usage.prompt_tokens)
-
-
-def tool_tax_outcome(without_tools: int, with_tools: int, n_tools: int) -> tuple[str, str]:
-    """How the prompt changed when the tools were offered (one of TOOL_TAX_CHOICES), with the numbers."""
-    from helpers.core.lesson import ratio_outcome
-
-    outcome = ratio_outcome(without_tools, with_tools, 0.05, TOOL_TAX_CHOICES)
-    extra = with_tools - without_tools
-    return outcome, (f"{without_tools:,} prompt tokens without tools, {with_tools:,} with {n_tools} tools: "
-                     f"{extra:+,} tokens ({extra / max(1, n_tools):+,.0f} per tool), re-sent on every call of the agent.")

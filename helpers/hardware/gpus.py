@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helpers.core.errors import WorkshopError
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -134,7 +136,7 @@ GPUS: tuple[GPU, ...] = (
 )
 
 
-class UnknownGPUError(LookupError):
+class UnknownGPUError(WorkshopError, LookupError):
     """Raised for a GPU name that is not in the table."""
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from helpers.core.errors import WorkshopError
+
 
 FORCE_ISA_VARIABLE = "WORKSHOP_CPU_ISA"
 AVX512_FLAGS = frozenset({"avx512f", "avx512_bf16", "avx512_vnni", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
@@ -34,7 +36,7 @@ AVX512_FLAGS = frozenset({"avx512f", "avx512_bf16", "avx512_vnni", "avx512bw", "
                           "avx512_vpopcntdq", "amx_bf16", "amx_tile", "amx_int8", "amx_fp16", "amx_complex"})
 
 
-class MachineError(ValueError):
+class MachineError(WorkshopError, ValueError):
     """The machine description or an override is unusable; the message says what to set."""
 
 

@@ -26,17 +26,18 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from helpers.core import kit_paths
+from helpers.core.errors import WorkshopError
 
 REPO_ROOT = kit_paths.kit_root()  # the clone; for a wheel, helpers/kit/ (its copies of notebooks/, k8s/, models/)
 NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")
 DEFAULT_OUT = kit_paths.work_root() / "build" / "executed"  # in the clone; for a wheel, under the current folder
 
 
-class NotebookRunError(RuntimeError):
+class NotebookRunError(WorkshopError, RuntimeError):
     """A cell failed; the message names the notebook, the cell and the error."""
 
 
-class ParameterError(ValueError):
+class ParameterError(WorkshopError, ValueError):
     """A ``-p NAME=VALUE`` that no notebook to run can take; the message says what would be taken."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.core import kit_paths
+from helpers.core.errors import WorkshopError
 
 NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")  # the committed notebooks: the clone's, or a wheel's copies
 DEFAULT_WORKSPACE = kit_paths.work_root() / "my-notebooks"  # in the clone; for a wheel, in the current folder
@@ -31,7 +32,7 @@ START_HERE = "start_here.ipynb"  # the lab's first screen: the path through the 
 JUPYTERLAB_SETTINGS = kit_paths.package_path("data", "jupyterlab")
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(WorkshopError, ValueError):
     """The workspace cannot be used as asked; the message says what to do."""
 
 

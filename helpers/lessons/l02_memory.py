@@ -1,4 +1,6 @@
-"""Notebook 02's memory lesson: the explorer, the conclusions, the exercises and the check against a running engine.
+"""What notebook 02 (units and the memory budget) needs beyond the floors below: the explorer, the conclusions,
+the exercises and the check against a running engine. The rest of what the notebook calls comes from the floors
+and is re-exported here (``__all__``), so the notebook imports from this module and ``helpers.engine.session`` alone.
 
 ``memory_picture`` plans one choice and returns the figure (its title says "does not fit" and why whenever
 the planner does); ``explorer_controls`` builds the controls with their full labels, the GPUs named with
@@ -18,13 +20,27 @@ from typing import Any, Mapping
 import pandas as pd
 from matplotlib.figure import Figure
 
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion, show_conclusions
+from helpers.core.tables import format_tables
 from helpers.core.vllm_args import flag_value
 from helpers.lessons import plots
-from helpers.hardware.gpus import GPUS
+from helpers.hardware.gpus import GPUS, get_gpu
+from helpers.measure.server_metrics import scrape
 from helpers.planning.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, VllmKVCache, cpu_kv_cache, kv_cache_bytes
 from helpers.planning.memory import fit_title, fit_verdict, plan_memory, plan_row
-from helpers.planning.shape import GIB, REFERENCE_CONFIGS, ConfigError, ModelSource, model_shape
+from helpers.planning.shape import GIB, REFERENCE_CONFIGS, ConfigError, ModelSource, count_params, model_shape
+
+__all__ = [
+    # this notebook's own
+    "WEIGHT_DTYPES", "KV_DTYPES", "MAX_MODEL_LEN_RANGE", "model_names", "gpu_choices", "memory_row", "memory_picture",
+    "show_memory", "explorer_controls", "block_size_note", "conclude_memory_plan", "conclude_engine_comparison",
+    "predict_cpu_engine_kv", "engine_comparison", "compare_with_engine", "CONVERSATION_CHOICES",
+    "larger_gpus_hold_more", "conversations_outcome",
+    # from the floors below, for the notebook
+    "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "format_tables", "plots",
+    "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params",
+]
 
 WEIGHT_DTYPES = ["bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4"]
 KV_DTYPES = ["bf16", "fp8"]

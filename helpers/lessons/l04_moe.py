@@ -1,5 +1,7 @@
-"""Dense against mixture-of-experts on the live engine: decode speed of two tiny sibling models, and
-what the numbers do and do not say about MoE on a GPU.
+"""What notebook 04 (dense vs mixture-of-experts) needs beyond the floors below: the published models on paper,
+the decode speed of two tiny sibling models on the live engine, and what the numbers do and do not say about MoE
+on a GPU. What the notebook uses from the floors is re-exported here (``__all__``), so its cells import from this
+module and ``helpers.engine.session`` only.
 
 ``measure_decode`` serves each model in turn (``rounds`` > 1 alternates them, each switch restarts the
 engine) and measures every batch size ``repeats`` times, keeping each run. ``conclude_dense_vs_moe``
@@ -14,10 +16,26 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, UNKNOWN, compare_samples, interleave
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
+from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
+from helpers.hardware.gpus import get_gpu
+from helpers.hardware.machine import check_quiet
+from helpers.planning import roofline
+from helpers.planning.cost import conclude_reasoning_cost, reasoning_cost
+from helpers.planning.shape import REFERENCE_CONFIGS, count_params
+from helpers.planning.weights import weight_bytes
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
+
+__all__ = [  # this module's own, then what notebook 04 uses from the floors below
+    "IMPLAUSIBLE_RATIO", "NOISY_REL", "conclude_dense_vs_moe", "conclude_moe_on_paper", "conclude_roofline_fit",
+    "decode_table", "experts_share_outcome", "fade_table", "measure_decode", "moe_gpu_caveat", "paper_table",
+    "plot_tiny_decode", "tiny_roofline_points",
+    "Conclusion", "REFERENCE_CONFIGS", "check_prediction", "check_quiet", "conclude_reasoning_cost", "count_params",
+    "get_gpu", "ratio_outcome", "reasoning_cost", "report", "roofline", "should_see", "should_see_conclusion",
+    "show_conclusions", "weight_bytes",
+]
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
 # reads more. A decode rate this many times the dense one is no model difference but a disturbed run.
@@ -31,12 +49,10 @@ def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: i
     """One row per (model, batch, run): client throughput, the engine's own step time (from
     ``vllm:inter_token_latency_seconds``), decode tokens/s from it, and the roofline ceiling and MBU at
     ``bandwidth_gb_s``. The engine goes back to the model it served before."""
-    from helpers.planning import roofline
     from helpers.measure.bench_results import summarize
     from helpers.measure.loadgen import prompt_factory, run_load
     from helpers.measure.workloads import Load, Workload
     from helpers.planning.kv import kv_cache_bytes
-    from helpers.planning.shape import count_params
     from helpers.measure.server_metrics import scrape, window
     from helpers.core.settings import models_dir
 
@@ -187,10 +203,6 @@ def conclude_moe_on_paper(dense: str, moe: str, paper: dict[str, dict[str, float
 def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
     """Per published model (``helpers/data/configs``): total and active parameters (B), experts, BF16 weights and
     bytes read per decode step at batch 1 (GB), and the batch-1 decode ceiling on ``gpu`` (tokens/s)."""
-    from helpers.planning import roofline
-    from helpers.planning.shape import REFERENCE_CONFIGS, count_params
-    from helpers.planning.weights import weight_bytes
-
     paper = {}
     for name in models:
         counts = count_params(REFERENCE_CONFIGS / f"{name}.json")
@@ -204,10 +216,6 @@ def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
 
 def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
     """Per batch: distinct experts one layer of ``moe`` touches, and GB read per decode step by each model."""
-    from helpers.planning import roofline
-    from helpers.planning.shape import REFERENCE_CONFIGS, count_params
-    from helpers.planning.weights import weight_bytes
-
     moe_counts = count_params(REFERENCE_CONFIGS / f"{moe}.json")
     dense_gb = weight_bytes(count_params(REFERENCE_CONFIGS / f"{dense}.json")) / 1e9
     return pd.DataFrame([{"batch": b,
@@ -219,9 +227,7 @@ def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
 
 def tiny_roofline_points(tiny: pd.DataFrame, cpu: Any, input_len: int, output_len: int) -> list[Any]:
     """The measured tiny-model decode steps (``decode_table`` rows) as points on this machine's roofline."""
-    from helpers.planning import roofline
     from helpers.planning.kv import kv_cache_bytes
-    from helpers.planning.shape import count_params
     from helpers.core.settings import models_dir
 
     points = []

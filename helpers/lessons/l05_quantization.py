@@ -1,5 +1,8 @@
-"""Notebook 05's judgement: which quantized configurations this engine can serve, and what the run
-says about each one's size, KV capacity, speed and quality against the baseline.
+"""What notebook 05 (quantization) needs beyond the floors below: which quantized configurations this engine
+can serve, what the run says about each one's size, KV capacity, speed and quality against the baseline, the
+checks of the format ladder and of the quantization map against the run, and the exercises' outcomes. What the
+notebook uses from the floors is re-exported here (``__all__``), so its cells import from this module and
+``helpers.engine.session`` only.
 
 Speed is judged against the baseline's own run-to-run spread (the baseline is measured before and
 after the variants: ``helpers.core.comparison``); quality by the eval's McNemar test (``helpers.evals.suite``).
@@ -12,13 +15,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from helpers.core.comparison import BETTER, SAME, WORSE, compare_samples
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
+from helpers.core.settings import models_dir
+from helpers.evals.scorecard import size_on_disk_mb
 from helpers.hardware.machine import capability, model_feature
+from helpers.lessons import plots
 from helpers.measure.stream_timing import stream_chat
+from helpers.planning.quant_formats import format_ladder, quantization_map
+from helpers.planning.shape import REFERENCE_CONFIGS
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
+
+__all__ = [  # this module's own, then what notebook 05 uses from the floors below
+    "KV_DTYPE_FEATURE", "QuantizationStudy", "chosen_kernels", "conclusions", "decode_rate_tok_s",
+    "eval_delta_outcome", "fraction_outcome", "growth_outcome", "kv_check", "ladder_check", "map_disagreements",
+    "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion", "too_slow_reason",
+    "REFERENCE_CONFIGS", "check_prediction", "format_ladder", "models_dir", "plots", "quantization_map", "report",
+    "should_see", "should_see_conclusion", "size_on_disk_mb",
+]
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
 
@@ -352,3 +371,29 @@ def planned_kv_tokens(reference_config: str | Path, gpu: str, weight_dtype: str,
 def growth_outcome(ratio: float) -> str:
     """'about the same (under 1.1x)', '1.1x to 2x' or 'over 2x' for a growth ratio."""
     return "about the same (under 1.1x)" if ratio < 1.1 else "1.1x to 2x" if ratio <= 2 else "over 2x"
+
+
+# ---------------------------------------------------------------- the format ladder and the quantization map
+
+def ladder_check(ladder: pd.DataFrame, fmt: str = "int4") -> tuple[bool, str]:
+    """Does ``fmt`` shrink the model to between a quarter and a half of BF16 (its bits would give the quarter;
+    the embeddings kept in BF16 pull it up)? (seen, the numbers)."""
+    column = next(c for c in ladder.columns if c.endswith("_weights_GB"))
+    sizes = ladder.set_index("format")[column]
+    ratio = sizes[fmt] / sizes["bf16"]
+    bits = float(ladder.set_index("format").loc[fmt, "bits_per_weight"])
+    return 0.25 <= ratio <= 0.5, (f"{fmt}: {sizes[fmt]:.2f} GB against BF16's {sizes['bf16']:.2f} GB = {ratio:.2f}x "
+                                  f"({bits:.2f}/16 = {bits / 16:.2f}x for the linear layers alone)")
+
+
+def map_disagreements(table: pd.DataFrame) -> list[str]:
+    """Rows where the probe and this run disagree: measured although the probe said no, or skipped although
+    it said yes (the docs or the probe are then out of date for this machine)."""
+    out = []
+    for _, r in table.iterrows():
+        probe_no, run = str(r["this machine (probe)"]).startswith("no"), str(r["this run"])
+        if probe_no and run.startswith("measured"):
+            out.append(f"{r['scheme']}: {run} although the probe said '{r['this machine (probe)']}'")
+        elif str(r["this machine (probe)"]).startswith("yes") and "skipped" in run and not run.startswith("measured"):
+            out.append(f"{r['scheme']}: {run} although the probe said yes")
+    return out

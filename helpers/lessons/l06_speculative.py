@@ -1,5 +1,8 @@
-"""Speculative decoding: build the ``--speculative-config`` of a method, measure methods interleaved with
-the baseline, and conclude from the numbers whether it paid and why not.
+"""What notebook 06 (speculative decoding) needs beyond the floors below: build the ``--speculative-config``
+of a method, measure methods interleaved with the baseline, conclude from the numbers whether it paid and why
+not, judge the acceptance formula (``helpers.planning.acceptance``) against the counters, and the exercises'
+outcomes. What the notebook uses from the floors is re-exported here (``__all__``), so its cells import from
+this module and ``helpers.engine.session`` only.
 
 A draft proposes ``num_speculative_tokens`` tokens; the target model checks them all in one forward
 pass and keeps the longest agreeing prefix plus one token of its own. The server counts drafts, draft
@@ -17,9 +20,13 @@ import pandas as pd
 
 from helpers.measure.bench_results import requests_frame, summarize
 from helpers.core.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict, report
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
 from helpers.core.vllm_args import flag_value
-from helpers.evals.suite import load_suite
+from helpers.evals.suite import compare, load_suite
+from helpers.hardware.machine import check_quiet
+from helpers.lessons import plots
+from helpers.planning.acceptance import expected_length_table, more_guesses
 from helpers.measure.loadgen import run_load
 from helpers.measure.workloads import Load, Workload
 from helpers.measure.server_metrics import scrape, window
@@ -27,6 +34,16 @@ from helpers.core.settings import models_dir
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
+
+__all__ = [  # this module's own, then what notebook 06 uses from the floors below
+    "BASELINE", "METHODS", "SPEC_FLAG", "acceptance_conclusion", "agent_workload", "aligned_vs_misaligned",
+    "baseline_tok_s", "copied_text_lookup", "formula_conclusion", "installed_spec_methods", "k_conclusion",
+    "length_gain_outcome", "lookup_outcome", "lowest_concurrency_conclusion", "mean_runs", "measure_speculation",
+    "method_conclusion", "method_map", "per_k", "prompt_lookup_length", "run_methods", "spec_config",
+    "speculation_caveat", "speculation_conclusions", "speedups", "trend_conclusion",
+    "check_prediction", "check_quiet", "compare", "expected_length_table", "more_guesses", "plots", "report",
+    "should_see", "should_see_conclusion",
+]
 
 
 def spec_config(method: str, num_speculative_tokens: int, model: str | None = None, **options: Any) -> str:
@@ -497,3 +514,43 @@ def copied_text_lookup(model: str, text: str, copies: int, k: int) -> tuple[floa
 def lookup_outcome(length: float, k: int) -> str:
     """'about 1', 'between 1 and k+1' or 'about k+1' tokens per step."""
     return "about 1" if length < 1.2 else "about k+1" if length >= 0.9 * (k + 1) else "between 1 and k+1"
+
+
+def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
+    """How close the formula (i.i.d. acceptance) came to the measured accepted length for k > 1 (at k = 1 the two
+    agree by construction), and why they differ: the conditional per-position acceptance. Shown when every k > 1
+    is within ``within`` (a fraction) of the measurement. ``table``: ``expected_length_table`` rows."""
+    tested = table[(table.k > 1) & (table.drafts > 0)] if len(table) else table
+    if not len(tested):
+        return Conclusion("no speculative configuration with k > 1 proposed drafts in this run: the formula was not "
+                          "tested (at k = 1 it matches by construction)", WITHIN_NOISE)
+    parts, worst, why, directions = [], 0.0, [], set()
+    for _, r in tested.iterrows():
+        rel = r.difference / r.measured_length if r.measured_length else 0.0
+        worst = max(worst, abs(rel))
+        parts.append(f"{r.config}: formula {r.formula_length:.2f} vs measured {r.measured_length:.2f} tokens per step "
+                     f"({rel:+.0%}, a = {r.a_first_guess:.0%})")
+        later = [c for c in r.conditional[1:] if c == c]
+        if later and abs(rel) > within:
+            direction = "higher" if sum(later) / len(later) > r.a_first_guess else "lower"
+            directions.add(direction)
+            why.append(f"{r.config}: after an accepted guess the next one was kept {', '.join(f'{c:.0%}' for c in later)} of the "
+                       f"time against a = {r.a_first_guess:.0%} for the first ({direction})")
+    text = "; ".join(parts)
+    if worst <= within:
+        return Conclusion(f"{text}: within {within:.0%}, so acceptance behaved about as if each guess were an "
+                          "independent coin of probability a", SHOWN)
+    because = {"higher": "once a draft is in an easy stretch (tool-call syntax, a copied name) its later guesses are "
+                         "kept more often than the first, so the formula under-counts",
+               "lower": "a guess further ahead builds on the draft's own earlier guesses and drifts from the target, "
+                        "so later positions are kept less often than the first, and the formula over-counts"}
+    reason = ("acceptance is not independent per position: " + "; ".join(why) + ". "
+              + "; while ".join(because[d] for d in ("higher", "lower") if d in directions)
+              + "; a wrong guess ends the step, whatever the later guesses were") if why else \
+        "the per-position rates do not explain it (too few drafts to read them)"
+    return Conclusion(f"{text}: the formula is off by up to {worst:.0%}: {reason}", NOT_SHOWN)
+
+
+def length_gain_outcome(gain_tokens: float) -> str:
+    """'under 0.25 tokens', '0.25 to 1 token' or 'over 1 token' per step."""
+    return "under 0.25 tokens" if gain_tokens < 0.25 else "0.25 to 1 token" if gain_tokens <= 1 else "over 1 token"

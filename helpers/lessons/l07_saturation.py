@@ -1,27 +1,313 @@
-"""What notebook 07 (saturation) needs beyond the floors below: its scale-out sections (6 and 7) as one run.
+"""What notebook 07 (saturation) needs beyond the floors below: its conclusions from the two cap sweeps and
+from the price of a token, the exercise "double the cap", and its scale-out sections (6 and 7) as one run.
+
+The sweeps' conclusions (``cap_conclusion``, ``lift_conclusion``, ``goodput_conclusion``, ...) take the numbers of
+``helpers.measure.saturation`` (the knee and the limit behind it) and return the sentence with its verdict;
+``control_conclusion`` compares the two sweeps at concurrency 1, where the cap cannot matter, and its disagreement
+is the noise the other comparisons are judged against. ``price_conclusions`` reads this machine's measured price
+curve and the talk's case from the roofline (``helpers.planning.token_price``).
 
 ``lesson_replica_set`` decides where the replicas come from (the workshop's own replica set, a new set beside
 a local CPU engine, or none, with the sentence that says why); ``run_scale_out`` compares the router's
 policies on them (``helpers.measure.routing``) and kills one replica under load
 (``helpers.measure.failover``); ``ScaleOutRun`` holds both and gives the notebook its tables, its
 conclusions and the sentence that says why a section did not run.
+
+``routing_by_policy`` and ``failure_timeline`` draw the scale-out run; the sweeps' figures are the shared ones
+(``helpers.lessons.plots``). The notebook imports what it uses from here (``connect`` aside): the floors' names it
+uses, and ``plots``, are re-exported in ``__all__``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
-from helpers.core.conclusion import WITHIN_NOISE, Conclusion
+from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict, report
+from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion
 from helpers.engine.interface import Engine, EngineError
 from helpers.engine.replicas import ReplicaSet, replica_set_beside, usable_cores
 from helpers.engine.router import RouterError, router_binary
+from helpers.hardware.machine import check_quiet
+from helpers.lessons import plots
+from helpers.measure import failover, routing, saturation
+from helpers.measure.bench_results import summarize, sweep_table
 from helpers.measure.failover import SURVIVES, FailureRun, replica_failure_run
 from helpers.measure.routing import (AgentWorkload, PolicyComparison, compare_policies, conclude_affinity,
                                      conclude_later_turns, cpu_caveat, gpu_expectation)
+from helpers.measure.saturation import SweepAnalysis
+from helpers.measure.workloads import Workload
+from helpers.planning import token_price
+from helpers.planning.token_price import ROOFLINE_MARGIN
 
+__all__ = [
+    # re-exported from the floors below (and the shared figures), for the notebook
+    "Workload", "check_prediction", "check_quiet", "failover", "plots", "ratio_outcome", "report", "routing",
+    "saturation", "should_see", "should_see_conclusion", "summarize", "sweep_table", "token_price",
+    # this lesson's own
+    "TPOT_FALL", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome", "client_lag_conclusion",
+    "control_conclusion", "failure_timeline", "faster_is_dearer", "goodput_conclusion", "gpus_needed_conclusion",
+    "knee_sentence", "lesson_replica_set", "lift_conclusion", "pareto_fold_conclusion", "price_conclusions",
+    "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions", "slo_rule",
+    "steadiness_conclusion", "waiting_if_cap",
+]
+
+
+# ---------------------------------------------------------------- the two cap sweeps' conclusions
+
+TPOT_FALL = 0.25  # median TPOT lower by this share at a higher load: the machine got faster during the sweep
+
+
+def knee_sentence(analysis: SweepAnalysis, top: float) -> str:
+    """The knee and its limit; without a knee, what the gauges of the most loaded run still show."""
+    if analysis.knee_load is not None:
+        return f"knee at concurrency {analysis.knee_load:g}, limit '{analysis.limit}'"
+    return (f"no knee in throughput up to concurrency {top:g}; at {top:g} users the server's gauges read "
+            f"limit '{analysis.top_limit}'")
+
+
+def slo_rule(slos: dict[str, float], ttft_x: float, tpot_x: float) -> str:
+    """The goodput rule in words, with the thresholds it gave on this machine."""
+    return (f"goodput SLOs relative to this machine: TTFT <= {ttft_x:g}x the median at concurrency 1 = "
+            f"{slos['ttft']:,.0f} ms, TPOT <= {tpot_x:g}x = {slos['tpot']:.1f} ms")
+
+
+def control_conclusion(small_tok_s: float, large_tok_s: float, concurrency: int = 1) -> tuple[Conclusion, float]:
+    """The two sweeps at concurrency 1, where the cap cannot matter: they should agree. Returns the sentence
+    and the noise (relative difference, at least ``SINGLE_RUN_NOISE_REL``) to judge the other differences by."""
+    v = compare_samples([small_tok_s], [large_tok_s])
+    if v.label not in (BETTER, WORSE, SAME):
+        return Conclusion(f"Control at concurrency {concurrency}: not measured in both sweeps.", WITHIN_NOISE), 1.0
+    gap = abs(v.ratio - 1)
+    noise = max(SINGLE_RUN_NOISE_REL, gap)
+    text = (f"Control at concurrency {concurrency} (one user: the cap cannot matter): {small_tok_s:.1f} vs "
+            f"{large_tok_s:.1f} output tok/s in the two sweeps, {gap:.0%} apart")
+    if v.label == SAME:
+        return Conclusion(text + f": the machine was steady; differences between the sweeps are judged against "
+                                 f"+/-{noise:.0%}.", SHOWN), noise
+    return Conclusion(text + f": the machine was noisy (something else used the CPU during one sweep); only "
+                             f"differences beyond +/-{noise:.0%} count below.", NOT_SHOWN), noise
+
+
+def steadiness_conclusion(summaries: Sequence[dict[str, Any]], label: str) -> Conclusion | None:
+    """A sweep whose median TPOT falls as load grows (a bigger batch cannot make a step faster): the machine
+    was busier during the earlier runs. None when TPOT never falls by more than ``TPOT_FALL``."""
+    runs = sorted((s for s in summaries if s.get("median_tpot_ms")), key=lambda s: s["concurrency"])
+    for i, early in enumerate(runs):
+        later = [s for s in runs[i + 1:] if s["median_tpot_ms"] < (1 - TPOT_FALL) * early["median_tpot_ms"]]
+        if later:
+            low = min(later, key=lambda s: s["median_tpot_ms"])
+            return Conclusion(f"{label}: median TPOT fell from {early['median_tpot_ms']:.1f} ms at concurrency "
+                              f"{early['concurrency']} to {low['median_tpot_ms']:.1f} ms at {low['concurrency']}; a "
+                              "bigger batch cannot make a step faster, so the machine was busier during the earlier "
+                              "runs: read this sweep's curve with care.", NOT_SHOWN)
+    return None
+
+
+def cap_conclusion(cap: int, analysis: SweepAnalysis, top: dict[str, Any]) -> Conclusion:
+    """The small cap's sweep: the lesson expects the scheduler cap to be the limit at the top load
+    (``top``: the most loaded run's ``summarize`` dict)."""
+    row = analysis.table.iloc[-1]
+    c = top["concurrency"]
+    running, waiting = (float("nan") if v is None else v for v in (row.running_max, row.waiting_max))
+    text = (f"With --max-num-seqs {cap}: {knee_sentence(analysis, c)}. At {c} users at most {running:.0f} ran "
+            f"and {waiting:.0f} waited; median TTFT {top['median_ttft_ms']:,.0f} ms, "
+            f"{top['output_throughput']:.0f} output tokens/s")
+    if analysis.top_limit == "scheduler":
+        return Conclusion(text + ": requests queue behind the cap while the KV cache has room.", SHOWN)
+    return Conclusion(text + f": the gauges read '{analysis.top_limit}', not the cap, so this load did not reach "
+                             f"{cap} running requests with more waiting (raise the top concurrency).", NOT_SHOWN)
+
+
+def lift_conclusion(cap: int, analysis: SweepAnalysis, small: dict[str, Any], large: dict[str, Any],
+                    noise_rel: float) -> Conclusion:
+    """The raised cap at the top load: the lesson expects more throughput and a shorter median TTFT, judged
+    against ``noise_rel`` (the control's disagreement). ``small``/``large``: the top runs' summaries."""
+    thr = compare_samples([small["output_throughput"]], [large["output_throughput"]], True, noise_rel)
+    ttft = compare_samples([small["median_ttft_ms"]], [large["median_ttft_ms"]], False, noise_rel)
+    c = large["concurrency"]
+    text = (f"With --max-num-seqs {cap}: {knee_sentence(analysis, c)}. At {c} users: median TTFT "
+            f"{small['median_ttft_ms']:,.0f} -> {large['median_ttft_ms']:,.0f} ms ({ttft.label}), "
+            f"{small['output_throughput']:.0f} -> {large['output_throughput']:.0f} output tokens/s "
+            f"({thr.ratio:.2f}x, {thr.label} at +/-{noise_rel:.0%}), median TPOT {small['median_tpot_ms']:.1f} -> "
+            f"{large['median_tpot_ms']:.1f} ms")
+    verdict = lesson_verdict(thr, BETTER)
+    if verdict == SHOWN:
+        return Conclusion(text + ": admitting more requests per step bought throughput, paid for in TPOT.", SHOWN)
+    tpot_x = (large["median_tpot_ms"] / small["median_tpot_ms"]) if small.get("median_tpot_ms") else float("nan")
+    if verdict == WITHIN_NOISE:
+        why = f"the throughput difference is inside the +/-{noise_rel:.0%} noise"
+    else:
+        why = "throughput fell"
+    if analysis.top_limit == "compute" or tpot_x >= thr.ratio:
+        why += (f": every step got slower about as much as the batch grew (TPOT {tpot_x:.1f}x for {thr.ratio:.2f}x "
+                "throughput), so compute, not the cap, is the limit now")
+    return Conclusion(text + f"; {why}.", verdict)
+
+
+def _missed_slos(run: dict[str, Any], slos: dict[str, float]) -> str:
+    """Which SLO the run's median request missed ("median TTFT 2,738 ms"), or that only its slower ones did."""
+    parts = [f"median TTFT {run['median_ttft_ms']:,.0f} ms" if run["median_ttft_ms"] > slos["ttft"] else "",
+             f"median TPOT {run['median_tpot_ms']:.1f} ms" if run["median_tpot_ms"] > slos["tpot"] else ""]
+    return " and ".join(p for p in parts if p) or "only its slower requests missed"
+
+
+def goodput_conclusion(slos: dict[str, float], small: dict[str, Any], large: dict[str, Any],
+                       caps: tuple[int, int]) -> Conclusion:
+    """Goodput (requests/s within both SLOs) at the top load, small cap vs raised cap (``summarize`` dicts
+    made with ``slos``): the lesson expects the raised cap to serve more requests within the SLOs."""
+    g_small, g_large = small.get("request_goodput") or 0.0, large.get("request_goodput") or 0.0
+    text = (f"Goodput under TTFT <= {slos['ttft']:,.0f} ms and TPOT <= {slos['tpot']:.1f} ms at {large['concurrency']} "
+            f"users: {g_small:.2f} -> {g_large:.2f} requests/s ({small.get('good_requests') or 0} of {small['completed']} "
+            f"vs {large.get('good_requests') or 0} of {large['completed']} requests within both)")
+    if g_small == 0 and g_large == 0:
+        return Conclusion(text + f": no request met both SLOs with either cap (cap {caps[0]}: {_missed_slos(small, slos)}; "
+                                 f"cap {caps[1]}: {_missed_slos(large, slos)}), so this load is past what this machine "
+                                 "serves within them: nothing to compare.", WITHIN_NOISE)
+    v = compare_samples([g_small], [g_large], higher_is_better=True)
+    verdict = lesson_verdict(v, BETTER) if g_small > 0 else (SHOWN if g_large > 0 else WITHIN_NOISE)
+    if verdict == SHOWN:
+        return Conclusion(text + ": fewer requests stuck in the queue past the TTFT SLO.", SHOWN)
+    if verdict == WITHIN_NOISE:
+        return Conclusion(text + ": no measurable difference.", WITHIN_NOISE)
+    return Conclusion(text + f": the raised cap served fewer within the SLOs ({_missed_slos(large, slos)} against "
+                             f"{slos['ttft']:,.0f} / {slos['tpot']:.1f} ms): with every request admitted at once, each "
+                             "one waits for the whole batch's prefill and shares each step with all the others.",
+                      NOT_SHOWN)
+
+
+def client_lag_conclusion(top: int, lag_p99_ms: float, ttft_ms: float) -> Conclusion:
+    """Whether the load generator's own event-loop lag is small next to the TTFTs it measured."""
+    small = lag_p99_ms < 0.1 * ttft_ms
+    return Conclusion(f"The load generator's own loop lag at {top} users: p99 {lag_p99_ms:.1f} ms "
+                      f"({'small next to' if small else 'not negligible against'} the {ttft_ms:,.0f} ms median TTFT "
+                      "measured).", SHOWN if small else NOT_SHOWN)
+
+
+def saturation_caveat(profile: str, cores: int | None = None) -> Conclusion:
+    """CPU vs GPU: on a CPU the batch shares the same few cores, so the knee comes earlier than on a GPU."""
+    if profile != "cpu":
+        return Conclusion("GPU: a decode step reads the weights once for the whole batch, so throughput grows with "
+                          "concurrency until the scheduler cap, the KV cache or compute stops it.")
+    on = f"{cores} cores" if cores else "a few cores"
+    return Conclusion(f"CPU vs GPU: here every request in the batch, the server's scheduling and the load generator "
+                      f"share {on}; a bigger batch soon makes each step proportionally longer, so the knee comes at a "
+                      "much lower concurrency than on a GPU, where one step serves a batch of 32-128 for little more "
+                      "than the cost of one sequence. The cap story is the same; the numbers are not.")
+
+
+def pareto_fold_conclusion(table: pd.DataFrame, noise_rel: float = SINGLE_RUN_NOISE_REL) -> Conclusion:
+    """The per-user vs total curve (a sweep table, by concurrency): adding users should move it right (more
+    total tokens/s) and down (fewer per user). A run whose total falls below the run before by more than
+    ``noise_rel`` folds the curve back: named, with why."""
+    data = table.sort_values("concurrency")
+    rows = list(data.itertuples())
+    folds = [(a, b) for a, b in zip(rows, rows[1:])
+             if a.output_throughput and b.output_throughput and b.output_throughput < a.output_throughput * (1 - noise_rel)]
+    if not folds:
+        return Conclusion(f"Adding users never cost total throughput beyond the +/-{noise_rel:.0%} noise: the curve only "
+                          "moves right or stays, while each user's speed falls.", SHOWN)
+    a, b = folds[0]
+    return Conclusion(f"The curve folds back from concurrency {a.concurrency:g} to {b.concurrency:g}: total output "
+                      f"{a.output_throughput:.0f} -> {b.output_throughput:.0f} tokens/s while each user's TPOT went "
+                      f"{a.median_tpot_ms:.1f} -> {b.median_tpot_ms:.1f} ms. Past the knee a step gets slower faster than "
+                      "the batch grows (on a CPU the batch, the server and the load generator share the same cores), "
+                      "so more users buy less in total: the cheapest point is before the fold.", NOT_SHOWN)
+
+
+def saturation_conclusions(small_results: Sequence[Any], large_results: Sequence[Any], small: SweepAnalysis,
+                           large: SweepAnalysis, caps: tuple[int, int], slos: dict[str, float],
+                           profile: str = "cpu", cores: int | None = None) -> list[Conclusion]:
+    """Notebook 07's "what we learned", from the two sweeps' load results (lowest concurrency first) and their
+    analyses: the control point, each sweep's steadiness, the small cap's limit, the raised cap against
+    the control's noise, goodput under ``slos``, the client's own lag, and the CPU vs GPU caveat."""
+    s_runs = [summarize(r, slos=slos) for r in small_results]
+    l_runs = [summarize(r, slos=slos) for r in large_results]
+    control, noise = control_conclusion(s_runs[0]["output_throughput"], l_runs[0]["output_throughput"],
+                                        s_runs[0]["concurrency"])
+    out = [control]
+    out += [c for c in (steadiness_conclusion(s_runs, f"cap {caps[0]}"), steadiness_conclusion(l_runs, f"cap {caps[1]}"))
+            if c is not None]
+    out.append(cap_conclusion(caps[0], small, s_runs[-1]))
+    out.append(lift_conclusion(caps[1], large, s_runs[-1], l_runs[-1], noise))
+    out.append(goodput_conclusion(slos, s_runs[-1], l_runs[-1], caps))
+    top = s_runs[-1]["concurrency"]
+    lag = max((s.get("client_loop_lag_p99_ms") or 0.0) for s in (s_runs[-1], l_runs[-1]))
+    out.append(client_lag_conclusion(top, lag, min(s_runs[-1]["median_ttft_ms"], l_runs[-1]["median_ttft_ms"])))
+    out.append(saturation_caveat(profile, cores))
+    return out
+
+
+# ---------------------------------------------------------------- the exercise: double the cap
+
+def waiting_if_cap(users: int, cap: int) -> int:
+    """Requests waiting in a closed loop of ``users`` back-to-back users behind ``--max-num-seqs cap``."""
+    return max(0, int(users) - int(cap))
+
+
+def cap_doubling_outcome(users: int, cap: int, waited_max: float) -> tuple[str, str]:
+    """The exercise "double the cap": ("none would wait" | "fewer would wait" | "as many would wait") and the
+    numbers, from the closed-loop queue (users - cap) against the most requests seen waiting at ``cap``."""
+    now, doubled = waiting_if_cap(users, cap), waiting_if_cap(users, 2 * cap)
+    outcome = "none would wait" if doubled == 0 else "fewer would wait" if doubled < now else "as many would wait"
+    return outcome, (f"{users} users behind a cap of {cap}: {now} wait (the gauges saw at most {waited_max:.0f}); behind "
+                     f"{2 * cap}: {doubled} would wait")
+
+
+# ---------------------------------------------------------------- the price of a token
+
+def faster_is_dearer(cheapest: pd.DataFrame, label: str, noise_rel: float = SINGLE_RUN_NOISE_REL) -> Conclusion:
+    """Whether the tightest TPOT target this setup meets costs more per million tokens than the loosest
+    (a ``cheapest_at_targets`` frame), judged against ``noise_rel``; a missed target is named."""
+    met = cheapest.dropna(subset=["usd_per_million_tokens"]).sort_values("target_tpot_ms")
+    missed = cheapest[cheapest["usd_per_million_tokens"].isna()]["target_tpot_ms"].tolist()
+    missed_text = (f"; no setup meets {', '.join(f'{t:g}' for t in missed)} ms" if missed else "")
+    if len(met) < 2:
+        return Conclusion(f"{label}: fewer than two targets met{missed_text}: nothing to compare.", WITHIN_NOISE)
+    tight, loose = met.iloc[0], met.iloc[-1]
+    ratio = tight["usd_per_million_tokens"] / loose["usd_per_million_tokens"]
+    text = (f"{label}: {tight['usd_per_million_tokens']:.3g} USD per million output tokens at TPOT <= "
+            f"{tight['target_tpot_ms']:g} ms (concurrency {tight['concurrency']:g}) against "
+            f"{loose['usd_per_million_tokens']:.3g} at <= {loose['target_tpot_ms']:g} ms (concurrency "
+            f"{loose['concurrency']:g}){missed_text}")
+    if ratio > 1 + noise_rel:
+        return Conclusion(text + f": the faster token costs {ratio:.1f}x more, because a tight target caps the batch.",
+                          SHOWN)
+    if tight["concurrency"] == loose["concurrency"] and tight.get("setup") == loose.get("setup"):
+        return Conclusion(text + ": the same setup is cheapest at both targets, so the price does not depend on the "
+                                 "target in this range (the batch that meets the loose target meets the tight one "
+                                 "too; try tighter targets).", NOT_SHOWN)
+    return Conclusion(text + f": {ratio:.2f}x, within +/-{noise_rel:.0%}.", WITHIN_NOISE)
+
+
+def gpus_needed_conclusion(table: pd.DataFrame, gpu: str, model: str, input_len: int, output_len: int) -> Conclusion:
+    """How many GPUs the model needs at all on ``gpu``, and how many the cheapest setup uses per target."""
+    rows = table[table["gpu"] == gpu].sort_values("target_tpot_ms")
+    if rows.empty:
+        return Conclusion(f"{model} does not fit on 8x {gpu}.", NOT_SHOWN)
+    parts = [f"{r.target_tpot_ms:g} ms: " + ("not reachable" if math.isnan(r.usd_per_million_tokens) else
+             f"{r.num_gpus:.0f} GPUs at batch {r.concurrency:.0f}, {r.usd_per_million_tokens:.3g} USD/M")
+             for r in rows.itertuples()]
+    return Conclusion(f"{model} on {gpu} ({input_len:,} tokens in, {output_len:,} out): the weights and one request's "
+                      f"KV need at least {rows.iloc[0]['min_gpus']:.0f} GPUs; the cheapest setup per TPOT target: "
+                      + "; ".join(parts) + " (roofline ceilings with ideal tensor parallelism: real prices are higher).")
+
+
+def price_conclusions(here: pd.DataFrame, talk: pd.DataFrame, gpus: pd.DataFrame, talk_gpu: str, model: str,
+                      input_len: int, output_len: int) -> list[Conclusion]:
+    """Notebook 07's price lessons: this machine's measured curve, the talk's case from the roofline."""
+    return [faster_is_dearer(here, "Price of a token on this machine (measured sweeps)"),
+            gpus_needed_conclusion(gpus, talk_gpu, model, input_len, output_len),
+            faster_is_dearer(talk, f"{model} on {talk_gpu} (roofline)", ROOFLINE_MARGIN)]
+
+
+# ---------------------------------------------------------------- beyond one engine: replicas behind the router
 
 def lesson_replica_set(engine: Engine, replicas: int = 2) -> tuple[ReplicaSet | None, bool, str]:
     """Where a notebook's scale-out lesson gets its replicas: ``(replica_set, start_it, why_not)``.
@@ -146,3 +432,66 @@ def run_scale_out(lab: Any, replicas: int, policies: tuple[str, ...] | list[str]
         if start_it:
             engine.stop()
     return result
+
+
+# ---------------------------------------------------------------- the scale-out run's figures
+
+def routing_by_policy(run: ScaleOutRun) -> Figure | None:
+    """Left: each replica's prefix-cache hit rate per router policy (bars, summed over repeats, labelled with the
+    requests it served), the total as a black tick. Right: mean TTFT per turn (ms) per policy. None when the comparison did not run."""
+    if run.comparison is None:
+        return None
+    per_replica = run.comparison.per_replica()
+    policies = list(dict.fromkeys(per_replica["policy"]))
+    replicas = sorted(set(per_replica["replica"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.9), constrained_layout=True)
+    width = 0.8 / max(1, len(replicas))
+    for j, replica in enumerate(replicas):
+        rows = per_replica[per_replica["replica"] == replica].set_index("policy").reindex(policies)
+        bars = left.bar([i - 0.4 + width * (j + 0.5) for i in range(len(policies))], rows["hit_rate"].fillna(0), width,
+                        label=f"replica {replica}")
+        left.bar_label(bars, [f"{int(n)} req" for n in rows["requests"].fillna(0)], fontsize=7, padding=2)
+    totals = per_replica.groupby("policy", sort=False)[["prefix_hits", "prefix_queries"]].sum().reindex(policies)
+    left.scatter(range(len(policies)), totals["prefix_hits"] / totals["prefix_queries"], marker="_", s=900,
+                 color="black", zorder=3, label="all replicas")
+    left.set_xticks(range(len(policies)), policies)
+    left.set_ylim(0, 1.12)
+    left.set_ylabel("prefix-cache hit rate (hits / queried tokens)")
+    left.set_title("Where the cache hits land")
+    left.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    turns = run.comparison.ttft_per_turn()
+    for policy, row in turns.iterrows():
+        right.plot(list(row.index), list(row.values), marker="o", label=str(policy))
+    right.set_xticks(list(turns.columns))
+    _axes_outside_legend(right, "turn of the conversation", "mean TTFT (ms)", "TTFT per turn")
+    return fig
+
+
+def _axes_outside_legend(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels and title, y from zero, the legend outside the data on the right."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+
+
+def failure_timeline(run: ScaleOutRun) -> Figure | None:
+    """Every request of the failure run at its send time (s) against its end-to-end latency (s): completed and
+    failed apart, the kill and the detection window marked. None when no failure run took place."""
+    failure = run.failure
+    if failure is None or failure.requests.empty:
+        return None
+    frame = failure.requests
+    fig, ax = plt.subplots(figsize=(9, 3.6), constrained_layout=True)
+    ok = frame["ok"].astype(bool)
+    ax.scatter(frame[ok]["t_start"], frame[ok]["e2e_s"], s=18, color="tab:green", label="completed")
+    ax.scatter(frame[~ok]["t_start"], frame[~ok]["e2e_s"], s=40, marker="x", color="tab:red",
+               label="failed (the client saw an error)")
+    if failure.t_kill_s is not None:
+        ax.axvline(failure.t_kill_s, color="black", linestyle="--", label=f"replica {failure.killed_replica} killed")
+        ax.axvspan(failure.t_kill_s, failure.t_kill_s + failure.detect_s, color="tab:orange", alpha=0.15,
+                   label=f"detection window ({failure.detect_s:g} s)")
+    _axes_outside_legend(ax, "request sent, s since the run started", "end-to-end latency (s)",
+                         "What the client saw while a replica died")
+    return fig

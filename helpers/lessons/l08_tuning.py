@@ -1,5 +1,6 @@
-"""Tuning one flag at a time: decide keep or roll back from two scorecard rows, keep a cumulative log,
-and write the final configuration out as an engine command line or a Kubernetes manifest patch.
+"""What notebook 08 (tuning and evaluation) needs beyond the floors below: tuning one flag at a time, deciding
+keep or roll back from two scorecard rows, keeping a cumulative log, and writing the final configuration out as an
+engine command line or a Kubernetes manifest patch; its conclusions and the outcomes of its exercises.
 
 The rule (``decide``) is deliberately simple and printed with its reasons: a change is kept only when
 the eval shows no regression beyond noise, the latency SLO still holds, and it either makes the chosen
@@ -8,6 +9,9 @@ throughput better by more than the noise or keeps it (within the noise) while ad
 The thresholds come from this machine (``relative_rule``): the latency SLO is a multiple of the baseline's
 own p90 TTFT, and the noise margin is the larger of ``min_gain`` and the spread of the baseline's repeated
 runs, so a slow machine does not roll back every change and a noisy one does not keep noise.
+
+The notebook imports what it uses from here (``connect`` aside): the floors' names it uses are re-exported in
+``__all__``.
 """
 
 from __future__ import annotations
@@ -21,12 +25,23 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples, relative_spread
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
+from helpers.core.lesson import check_prediction, should_see
 from helpers.core.vllm_args import EngineConfig, server_args
 from helpers.core.settings import GPU_MODEL, Settings, models_dir
+from helpers.hardware.machine import check_quiet
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
+
+__all__ = [
+    # re-exported from the floors below, for the notebook
+    "check_prediction", "check_quiet", "models_dir", "report", "should_see",
+    # this lesson's own
+    "Decision", "Rule", "TuningLog", "TuningRun", "baseline_restored", "cluster_model", "command_line", "decide",
+    "deployment_caveat", "hypothetical_row", "kv_capacity_check", "manifest_patch", "measure_repeated",
+    "relative_rule", "rule_outcome", "scorecard_view", "tune_one_flag_at_a_time", "tuning_conclusions",
+]
 
 
 @dataclass(frozen=True)
@@ -273,7 +288,6 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
     back by the engine interface and logged as refused. ``model``: the cluster's model for the patches shown."""
     from helpers.engine.interface import EngineStartError
     from helpers.evals.suite import compare
-    from helpers.hardware.machine import check_quiet
     from helpers.engine.k8s_change import change_one_flag
     from helpers.core.vllm_args import flag_value
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
 from helpers.measure.stream_timing import StreamTiming
-
-if TYPE_CHECKING:
-    from helpers.lessons.l07_saturation import ScaleOutRun
 
 
 def token_timeline(timing: StreamTiming, title: str = "One streamed request") -> Figure:
@@ -351,65 +347,4 @@ def expected_length(table: pd.DataFrame) -> Figure:
     ax.set_ylabel("tokens per verification step")
     ax.set_title("Expected accepted length: formula against measurement")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    return fig
-
-
-def routing_by_policy(run: "ScaleOutRun") -> Figure | None:
-    """Left: each replica's prefix-cache hit rate per router policy (bars, summed over repeats, labelled with the
-    requests it served), the total as a black tick. Right: mean TTFT per turn (ms) per policy. None when the comparison did not run."""
-    if run.comparison is None:
-        return None
-    per_replica = run.comparison.per_replica()
-    policies = list(dict.fromkeys(per_replica["policy"]))
-    replicas = sorted(set(per_replica["replica"]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.9), constrained_layout=True)
-    width = 0.8 / max(1, len(replicas))
-    for j, replica in enumerate(replicas):
-        rows = per_replica[per_replica["replica"] == replica].set_index("policy").reindex(policies)
-        bars = left.bar([i - 0.4 + width * (j + 0.5) for i in range(len(policies))], rows["hit_rate"].fillna(0), width,
-                        label=f"replica {replica}")
-        left.bar_label(bars, [f"{int(n)} req" for n in rows["requests"].fillna(0)], fontsize=7, padding=2)
-    totals = per_replica.groupby("policy", sort=False)[["prefix_hits", "prefix_queries"]].sum().reindex(policies)
-    left.scatter(range(len(policies)), totals["prefix_hits"] / totals["prefix_queries"], marker="_", s=900,
-                 color="black", zorder=3, label="all replicas")
-    left.set_xticks(range(len(policies)), policies)
-    left.set_ylim(0, 1.12)
-    left.set_ylabel("prefix-cache hit rate (hits / queried tokens)")
-    left.set_title("Where the cache hits land")
-    left.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    turns = run.comparison.ttft_per_turn()
-    for policy, row in turns.iterrows():
-        right.plot(list(row.index), list(row.values), marker="o", label=str(policy))
-    right.set_xticks(list(turns.columns))
-    _axes_outside_legend(right, "turn of the conversation", "mean TTFT (ms)", "TTFT per turn")
-    return fig
-
-
-def _axes_outside_legend(ax, xlabel: str, ylabel: str, title: str) -> None:
-    """Axis labels and title, y from zero, the legend outside the data on the right."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-
-
-def failure_timeline(run: "ScaleOutRun") -> Figure | None:
-    """Every request of the failure run at its send time (s) against its end-to-end latency (s): completed and
-    failed apart, the kill and the detection window marked. None when no failure run took place."""
-    failure = run.failure
-    if failure is None or failure.requests.empty:
-        return None
-    frame = failure.requests
-    fig, ax = plt.subplots(figsize=(9, 3.6), constrained_layout=True)
-    ok = frame["ok"].astype(bool)
-    ax.scatter(frame[ok]["t_start"], frame[ok]["e2e_s"], s=18, color="tab:green", label="completed")
-    ax.scatter(frame[~ok]["t_start"], frame[~ok]["e2e_s"], s=40, marker="x", color="tab:red",
-               label="failed (the client saw an error)")
-    if failure.t_kill_s is not None:
-        ax.axvline(failure.t_kill_s, color="black", linestyle="--", label=f"replica {failure.killed_replica} killed")
-        ax.axvspan(failure.t_kill_s, failure.t_kill_s + failure.detect_s, color="tab:orange", alpha=0.15,
-                   label=f"detection window ({failure.detect_s:g} s)")
-    _axes_outside_legend(ax, "request sent, s since the run started", "end-to-end latency (s)",
-                         "What the client saw while a replica died")
     return fig

@@ -29,6 +29,8 @@ import httpx
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.core.errors import WorkshopError
+
 GAUGES: dict[str, tuple[str, ...]] = {
     "num_requests_running": ("vllm:num_requests_running",),
     "num_requests_waiting": ("vllm:num_requests_waiting",),
@@ -63,7 +65,7 @@ QUANTILES = (0.5, 0.9, 0.99)
 MAX_AGGREGATED = {"kv_cache_usage"}  # one value per engine: report the fullest, do not add fractions
 
 
-class MetricsError(RuntimeError):
+class MetricsError(WorkshopError, RuntimeError):
     """/metrics could not be read; the message says what to check."""
 
 

@@ -23,12 +23,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion
-
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
-
-# A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
-STALL_FACTOR = 3.0
 
 
 @dataclass
@@ -181,35 +176,6 @@ def stream_chat(client: Any, model: str, messages: list[dict[str, Any]], max_tok
     return timing
 
 
-def conclude_stream(timing: StreamTiming, stall_factor: float = STALL_FACTOR) -> list[Conclusion]:
-    """What one streamed request showed: TTFT, TPOT, and whether the tokens came at a steady pace
-    (longest gap between chunks within ``stall_factor`` x the median gap) or with a stall."""
-    if not timing.ok or timing.tpot_s is None or timing.median_gap_s is None:
-        return [Conclusion(f"The streamed request gave too few tokens to time ({timing.completion_tokens}; "
-                           f"error: {timing.error}).", NOT_SHOWN, "tokens arrive at a steady pace")]
-    tpot_ms, med_ms, top_ms = timing.tpot_s * 1000, timing.median_gap_s * 1000, timing.longest_gap_s * 1000
-    first = Conclusion(f"First token after {timing.ttft_s * 1000:,.0f} ms (prefill, plus any queueing); then "
-                       f"{timing.completion_tokens - 1} more tokens at one every {tpot_ms:.1f} ms on average "
-                       f"({1000 / tpot_ms:.0f} tokens/s for one stream).")
-    expectation = "after the first token, tokens arrive at a steady pace (one decode step each)"
-    ratio = top_ms / med_ms if med_ms > 0 else float("inf")
-    if ratio <= stall_factor:
-        return [first, Conclusion(f"the gaps between chunks had a median of {med_ms:.1f} ms and a longest of "
-                                  f"{top_ms:.1f} ms ({ratio:.1f}x the median).", SHOWN, expectation)]
-    stall_token = max(timing.chunk_gaps(), key=lambda g: g[1])[0]
-    without = (timing.chunk_times[-1] - timing.chunk_times[0] - timing.longest_gap_s) / max(1, timing.completion_tokens - 2)
-    return [first, Conclusion(
-        f"one gap of {top_ms:,.0f} ms before token {stall_token}, {ratio:.0f}x the median gap of {med_ms:.1f} ms: "
-        f"a stall (the engine or this client did not run: a busy machine, another request's prefill), not the "
-        f"decode pace. The average TPOT of {tpot_ms:.1f} ms includes it; without that gap it is "
-        f"{without * 1000:.1f} ms.", NOT_SHOWN, expectation)]
-
-
-# ---------------------------------------------------------------- try it yourself: a longer answer
-
-LENGTH_CHOICES = ("only TTFT grows", "only the total time grows", "both grow", "neither grows")
-
-
 def time_lengths(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: list[int], repeats: int = 2,
                  progress: bool | None = None) -> list[dict[str, Any]]:
     """Stream the same request at each ``max_tokens`` in turn (A/B/A/B, ``repeats`` rounds, ``ignore_eos``);
@@ -225,24 +191,3 @@ def time_lengths(client: Any, model: str, messages: list[dict[str, Any]], max_to
         rows.append({"max_tokens": n, "round": round_, "ttft_s": t.ttft_s, "e2e_s": t.e2e_s,
                      "completion_tokens": t.completion_tokens})
     return rows
-
-
-def length_outcome(rows: list[dict[str, Any]], ttft_same_within: float = 0.5,
-                   total_same_within: float = 0.25) -> tuple[str, str]:
-    """Which of TTFT and the total time grew from the shortest to the longest ``max_tokens`` of ``time_lengths``
-    rows (medians over the rounds), as one of LENGTH_CHOICES, with the numbers. TTFT, a few ms, is noisier:
-    it counts as grown only beyond ``ttft_same_within`` (a fraction), the total beyond ``total_same_within``."""
-    short, long_ = min(r["max_tokens"] for r in rows), max(r["max_tokens"] for r in rows)
-
-    def med(n: int, key: str) -> float:
-        return median(r[key] for r in rows if r["max_tokens"] == n)
-
-    ttft = (med(short, "ttft_s"), med(long_, "ttft_s"))
-    total = (med(short, "e2e_s"), med(long_, "e2e_s"))
-    ttft_grew = ttft[1] > ttft[0] * (1 + ttft_same_within)
-    total_grew = total[1] > total[0] * (1 + total_same_within)
-    outcome = LENGTH_CHOICES[{(True, False): 0, (False, True): 1, (True, True): 2, (False, False): 3}[(ttft_grew, total_grew)]]
-    detail = (f"max_tokens {short} -> {long_}: TTFT {ttft[0] * 1000:,.0f} -> {ttft[1] * 1000:,.0f} ms, total "
-              f"{total[0]:.2f} -> {total[1]:.2f} s (medians of {len(rows) // 2} rounds). The prompt is the same, so the "
-              "prefill behind TTFT is too; each extra token is one more decode step.")
-    return outcome, detail

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import aiohttp
 
 from helpers.measure.stream_timing import STREAM_OPTIONS
+from helpers.core.errors import WorkshopError
 
 MARKER = "#"  # first characters of every user message; the word tokens follow it
 # Common English words (and letters) written with their leading space: in byte-level BPE tokenizers
@@ -44,7 +45,7 @@ UID_BITS = 44  # 20 bits of per-run salt + 24 bits of request index
 TOKENIZE_CONCURRENCY = 16
 
 
-class LoadError(RuntimeError):
+class LoadError(WorkshopError, RuntimeError):
     """The load run cannot start (bad settings, unreachable endpoint); the message says what to do."""
 
 

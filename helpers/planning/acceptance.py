@@ -2,14 +2,13 @@
 tokens per verification step (Leviathan et al. 2023), against what vLLM's spec-decode counters measured.
 
 Pure arithmetic on run tables (``helpers.lessons.l06_speculative.measure_speculation`` rows: ``spec_drafts`` and
-``per_position_acceptance``), so a figure module may use it.
+``per_position_acceptance``), so a figure module may use it; notebook 06's verdict on the formula
+(``formula_conclusion``) lives in its lesson module.
 """
 
 from __future__ import annotations
 
 import pandas as pd
-
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 
 
 def expected_accepted_length(a: float, k: int) -> float:
@@ -55,46 +54,6 @@ def expected_length_table(runs: pd.DataFrame, k_by_config: dict[str, int], concu
                      "measured_length": measured, "difference": measured - formula,
                      "per_position": [round(r, 3) for r in rates], "conditional": [round(c, 3) for c in conditional]})
     return pd.DataFrame(rows)
-
-
-def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
-    """How close the formula (i.i.d. acceptance) came to the measured accepted length for k > 1 (at k = 1 the two
-    agree by construction), and why they differ: the conditional per-position acceptance. Shown when every k > 1
-    is within ``within`` (a fraction) of the measurement."""
-    tested = table[(table.k > 1) & (table.drafts > 0)] if len(table) else table
-    if not len(tested):
-        return Conclusion("no speculative configuration with k > 1 proposed drafts in this run: the formula was not "
-                          "tested (at k = 1 it matches by construction)", WITHIN_NOISE)
-    parts, worst, why, directions = [], 0.0, [], set()
-    for _, r in tested.iterrows():
-        rel = r.difference / r.measured_length if r.measured_length else 0.0
-        worst = max(worst, abs(rel))
-        parts.append(f"{r.config}: formula {r.formula_length:.2f} vs measured {r.measured_length:.2f} tokens per step "
-                     f"({rel:+.0%}, a = {r.a_first_guess:.0%})")
-        later = [c for c in r.conditional[1:] if c == c]
-        if later and abs(rel) > within:
-            direction = "higher" if sum(later) / len(later) > r.a_first_guess else "lower"
-            directions.add(direction)
-            why.append(f"{r.config}: after an accepted guess the next one was kept {', '.join(f'{c:.0%}' for c in later)} of the "
-                       f"time against a = {r.a_first_guess:.0%} for the first ({direction})")
-    text = "; ".join(parts)
-    if worst <= within:
-        return Conclusion(f"{text}: within {within:.0%}, so acceptance behaved about as if each guess were an "
-                          "independent coin of probability a", SHOWN)
-    because = {"higher": "once a draft is in an easy stretch (tool-call syntax, a copied name) its later guesses are "
-                         "kept more often than the first, so the formula under-counts",
-               "lower": "a guess further ahead builds on the draft's own earlier guesses and drifts from the target, "
-                        "so later positions are kept less often than the first, and the formula over-counts"}
-    reason = ("acceptance is not independent per position: " + "; ".join(why) + ". "
-              + "; while ".join(because[d] for d in ("higher", "lower") if d in directions)
-              + "; a wrong guess ends the step, whatever the later guesses were") if why else \
-        "the per-position rates do not explain it (too few drafts to read them)"
-    return Conclusion(f"{text}: the formula is off by up to {worst:.0%}: {reason}", NOT_SHOWN)
-
-
-def length_gain_outcome(gain_tokens: float) -> str:
-    """'under 0.25 tokens', '0.25 to 1 token' or 'over 1 token' per step."""
-    return "under 0.25 tokens" if gain_tokens < 0.25 else "0.25 to 1 token" if gain_tokens <= 1 else "over 1 token"
 
 
 def more_guesses(a: float, k_from: int, k_to: int) -> tuple[float, str]:

@@ -130,34 +130,6 @@ def reasoning_cost(answer_tokens: int, reasoning_tokens: int, tpot_s: float, usd
             "factor": total / answer_tokens}
 
 
-def cpu_gpu_caveat(profile: str) -> str:
-    """The caveat that goes with a cost per token measured on ``profile`` ("cpu", "gpu", "k8s")."""
-    if profile == "cpu":
-        return ("Caveat: this is a CPU serving a tiny model to one stream. A CPU's tokens/s says nothing of a "
-                "GPU's: a GPU serving a real model decodes many streams in one step, so its cost per token at "
-                "load (notebook 07) is what to set against an API, with your own hourly price.")
-    return ("Caveat: one stream at a time leaves most of the GPU idle; batching many streams (notebook 07) "
-            "serves more tokens for the same hourly price.")
-
-
-def conclude_rent_vs_own(api_usd_per_m_output: float, own_usd_per_m_output: float, prompt_tokens: int,
-                         completion_tokens: int, busy_s: float, hourly_usd: float, profile: str) -> list[Conclusion]:
-    """Rent (a pay-per-token API) against own (this engine), both in USD per million output tokens for the
-    same requests with their prompts: which is cheaper, by how much, and the caveat for ``profile``."""
-    shape = (f"For this conversation's requests ({prompt_tokens:,} prompt + {completion_tokens:,} completion "
-             f"tokens), per million output tokens, prompts included: the API costs {api_usd_per_m_output:.3f} USD; "
-             f"this engine, busy {busy_s:.1f} s at {hourly_usd:g} USD/h serving one stream, "
-             f"{own_usd_per_m_output:.3f} USD")
-    ratio = own_usd_per_m_output / api_usd_per_m_output
-    if ratio < 1:
-        verdict = Conclusion(f"{shape}: owning is {1 / ratio:.1f}x cheaper at this hourly price, "
-                             "if the machine is busy all the time it is paid for.")
-    else:
-        verdict = Conclusion(f"{shape}: owning is {ratio:.1f}x dearer at one stream; it pays off only with "
-                             "more streams at once, a lower hourly price, or a faster machine.")
-    return [verdict, Conclusion(cpu_gpu_caveat(profile))]
-
-
 def conclude_reasoning_cost(thinking: Mapping[str, float], tpot_source: str) -> Conclusion:
     """The sentence for ``reasoning_cost``'s result; ``tpot_source`` says where its TPOT was measured."""
     return Conclusion(

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion
 from helpers.hardware.gpus import GPU
 from helpers.planning.kv import kv_cache_bytes
 from helpers.planning.shape import ModelSource, count_params, model_shape
@@ -210,44 +209,6 @@ def machine_reuse(prefill: pd.DataFrame, kv_bytes_per_token: int, directory: str
                      "read_from_RAM_ms": measure_ram_read_s(nbytes, repeats) * 1000,
                      "read_from_file_ms": measure_file_read_s(nbytes, directory, repeats) * 1000})
     return pd.DataFrame(rows)
-
-
-def conclude_machine_reuse(table: pd.DataFrame) -> Conclusion:
-    """This machine: does reading a prefix's KV (from the file, the slower of the two reads) beat the engine's
-    prefill at every prompt length measured?"""
-    if table.empty:
-        return Conclusion("no prompt length was measured: nothing to compare.", NOT_SHOWN, "loading KV beats recomputing it")
-    slowest = table["read_from_file_ms"].combine(table["read_from_RAM_ms"], max)
-    ratio = table["recompute_ttft_ms"] / slowest
-    longest = table.iloc[-1]
-    text = (f"at {int(longest.prompt_tokens):,} prompt tokens ({longest.kv_MB:.2f} MB of KV) the engine's prefill took "
-            f"{longest.recompute_ttft_ms:,.1f} ms, reading the bytes {longest.read_from_RAM_ms:.3f} ms from RAM and "
-            f"{longest.read_from_file_ms:.3f} ms from a file in the page cache; over all lengths reading was "
-            f"{ratio.min():,.0f}x to {ratio.max():,.0f}x faster")
-    expectation = "on this machine reading a prefix's KV beats recomputing it"
-    if (ratio > 1).all():
-        return Conclusion(text + ". A prefix cache that spills to host memory or a local disk pays off here too.",
-                          SHOWN, expectation)
-    losing = table.loc[ratio <= 1, "prompt_tokens"].tolist()
-    return Conclusion(f"{text}: at {losing} tokens reading was not faster (a tiny model prefills very fast, or the "
-                      "machine was busy during the reads).", NOT_SHOWN, expectation)
-
-
-def conclude_tiers(system: str, verdicts: pd.DataFrame, tokens: int, mfu: float) -> Conclusion:
-    """The talk's question for one system: which tiers beat recomputing a ``tokens``-token prefix, and from
-    which length on (``tier_verdicts`` output)."""
-    wins = verdicts[verdicts["recompute_over_load"] > 1]
-    parts = [f"{r.tier} {r.load_ms:,.1f} ms" for r in verdicts.itertuples()]
-    recompute_ms = verdicts["recompute_ms"].iloc[0]
-    text = (f"{system}, a {tokens:,}-token prefix, prefill at {mfu:.0%} of the peak: recompute {recompute_ms:,.1f} ms; "
-            f"load: {'; '.join(parts)}")
-    expectation = "loading a cached prefix beats recomputing it from every tier"
-    if len(wins) == len(verdicts):
-        return Conclusion(text + f". Every tier wins, even the slowest by {verdicts['recompute_over_load'].min():.1f}x: "
-                          "keeping KV, anywhere in the hierarchy, is cheaper than prefilling it again.", SHOWN, expectation)
-    slow = verdicts[verdicts["recompute_over_load"] <= 1]
-    names = ", ".join(f"{r.tier} (wins only from {r.loading_wins_from_tokens:,} tokens)" for r in slow.itertuples())
-    return Conclusion(text + f". Recomputing is faster than loading from {names}.", NOT_SHOWN, expectation)
 
 
 def plot_reuse(curves: pd.DataFrame, title: str) -> "object":

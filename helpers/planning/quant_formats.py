@@ -197,19 +197,6 @@ def quantization_map(profile: str, measured: Iterable[str] = (), skipped: Mappin
     return pd.DataFrame(rows)
 
 
-def map_disagreements(table: pd.DataFrame) -> list[str]:
-    """Rows where the probe and this run disagree: measured although the probe said no, or skipped although
-    it said yes (the docs or the probe are then out of date for this machine)."""
-    out = []
-    for _, r in table.iterrows():
-        probe_no, run = str(r["this machine (probe)"]).startswith("no"), str(r["this run"])
-        if probe_no and run.startswith("measured"):
-            out.append(f"{r['scheme']}: {run} although the probe said '{r['this machine (probe)']}'")
-        elif str(r["this machine (probe)"]).startswith("yes") and "skipped" in run and not run.startswith("measured"):
-            out.append(f"{r['scheme']}: {run} although the probe said yes")
-    return out
-
-
 def format_ladder(reference_config: str | Path) -> pd.DataFrame:
     """Bits per weight of each weight format, the checkpoint size it makes of the model of ``reference_config``
     (a config.json: linear layers in the format, embeddings/LM head/norms BF16) and its native hardware."""
@@ -222,14 +209,3 @@ def format_ladder(reference_config: str | Path) -> pd.DataFrame:
                           f"{name}_weights_GB": round(weight_bytes(counts, f.name) / 1e9, 2),
                           "computed natively on": NATIVE_HARDWARE[f.name][0], "source": f.source}
                          for f in WEIGHT_FORMATS.values()])
-
-
-def ladder_check(ladder: pd.DataFrame, fmt: str = "int4") -> tuple[bool, str]:
-    """Does ``fmt`` shrink the model to between a quarter and a half of BF16 (its bits would give the quarter;
-    the embeddings kept in BF16 pull it up)? (seen, the numbers)."""
-    column = next(c for c in ladder.columns if c.endswith("_weights_GB"))
-    sizes = ladder.set_index("format")[column]
-    ratio = sizes[fmt] / sizes["bf16"]
-    bits = float(ladder.set_index("format").loc[fmt, "bits_per_weight"])
-    return 0.25 <= ratio <= 0.5, (f"{fmt}: {sizes[fmt]:.2f} GB against BF16's {sizes['bf16']:.2f} GB = {ratio:.2f}x "
-                                  f"({bits:.2f}/16 = {bits / 16:.2f}x for the linear layers alone)")

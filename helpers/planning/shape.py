@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Union
 
+from helpers.core.errors import WorkshopError
+
 ModelSource = Union[str, os.PathLike, Mapping[str, Any]]
 
 REFERENCE_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"  # published config.json files, by model name
@@ -33,7 +35,7 @@ KNOWN_MODEL_TYPES = frozenset({
 })
 
 
-class ConfigError(ValueError):
+class ConfigError(WorkshopError, ValueError):
     """A model config that is missing, unreadable or lacks a field the planner needs."""
 
 

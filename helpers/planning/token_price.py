@@ -22,8 +22,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from helpers.core.comparison import SINGLE_RUN_NOISE_REL
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 from helpers.planning.cost import price_latency_frame, usd_per_million_tokens
 from helpers.hardware.gpus import GPU
 from helpers.planning.roofline import decode_bound
@@ -179,7 +177,7 @@ def gpu_price_table(prices: Mapping[str, float], model: ModelOnGPU, targets_ms: 
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------- figure and conclusions
+# ---------------------------------------------------------------- the figure
 
 def plot_price_vs_target(curves: Mapping[str, "pd.DataFrame"], title: str) -> "Figure":
     """USD per million output tokens (log) against the TPOT target (ms): one line per ``cheapest_at_targets``
@@ -197,44 +195,7 @@ def plot_price_vs_target(curves: Mapping[str, "pd.DataFrame"], title: str) -> "F
     return fig
 
 
-def faster_is_dearer(cheapest: "pd.DataFrame", label: str, noise_rel: float = SINGLE_RUN_NOISE_REL) -> Conclusion:
-    """Whether the tightest TPOT target this setup meets costs more per million tokens than the loosest
-    (a ``cheapest_at_targets`` frame), judged against ``noise_rel``; a missed target is named."""
-    met = cheapest.dropna(subset=["usd_per_million_tokens"]).sort_values("target_tpot_ms")
-    missed = cheapest[cheapest["usd_per_million_tokens"].isna()]["target_tpot_ms"].tolist()
-    missed_text = (f"; no setup meets {', '.join(f'{t:g}' for t in missed)} ms" if missed else "")
-    if len(met) < 2:
-        return Conclusion(f"{label}: fewer than two targets met{missed_text}: nothing to compare.", WITHIN_NOISE)
-    tight, loose = met.iloc[0], met.iloc[-1]
-    ratio = tight["usd_per_million_tokens"] / loose["usd_per_million_tokens"]
-    text = (f"{label}: {tight['usd_per_million_tokens']:.3g} USD per million output tokens at TPOT <= "
-            f"{tight['target_tpot_ms']:g} ms (concurrency {tight['concurrency']:g}) against "
-            f"{loose['usd_per_million_tokens']:.3g} at <= {loose['target_tpot_ms']:g} ms (concurrency "
-            f"{loose['concurrency']:g}){missed_text}")
-    if ratio > 1 + noise_rel:
-        return Conclusion(text + f": the faster token costs {ratio:.1f}x more, because a tight target caps the batch.",
-                          SHOWN)
-    if tight["concurrency"] == loose["concurrency"] and tight.get("setup") == loose.get("setup"):
-        return Conclusion(text + ": the same setup is cheapest at both targets, so the price does not depend on the "
-                                 "target in this range (the batch that meets the loose target meets the tight one "
-                                 "too; try tighter targets).", NOT_SHOWN)
-    return Conclusion(text + f": {ratio:.2f}x, within +/-{noise_rel:.0%}.", WITHIN_NOISE)
-
-
-def gpus_needed_conclusion(table: "pd.DataFrame", gpu: str, model: str, input_len: int, output_len: int) -> Conclusion:
-    """How many GPUs the model needs at all on ``gpu``, and how many the cheapest setup uses per target."""
-    rows = table[table["gpu"] == gpu].sort_values("target_tpot_ms")
-    if rows.empty:
-        return Conclusion(f"{model} does not fit on 8x {gpu}.", NOT_SHOWN)
-    parts = [f"{r.target_tpot_ms:g} ms: " + ("not reachable" if math.isnan(r.usd_per_million_tokens) else
-             f"{r.num_gpus:.0f} GPUs at batch {r.concurrency:.0f}, {r.usd_per_million_tokens:.3g} USD/M")
-             for r in rows.itertuples()]
-    return Conclusion(f"{model} on {gpu} ({input_len:,} tokens in, {output_len:,} out): the weights and one request's "
-                      f"KV need at least {rows.iloc[0]['min_gpus']:.0f} GPUs; the cheapest setup per TPOT target: "
-                      + "; ".join(parts) + " (roofline ceilings with ideal tensor parallelism: real prices are higher).")
-
-
-# ---------------------------------------------------------------- the notebook's inputs and sentences
+# ---------------------------------------------------------------- the notebook's inputs
 
 def reference_config(model: str) -> Any:
     """The published config.json of ``model`` shipped in helpers/data/configs (e.g. "Llama-3.3-70B")."""
@@ -312,11 +273,3 @@ def price_pivot(table: "pd.DataFrame") -> "pd.DataFrame":
     shown = table.assign(price=[cell(r) for r in table.itertuples()],
                          target=[f"<= {t:g} ms" for t in table.target_tpot_ms])
     return shown.pivot(index="gpu", columns="target", values="price").reindex(columns=shown.target.unique())
-
-
-def price_conclusions(here: "pd.DataFrame", talk: "pd.DataFrame", gpus: "pd.DataFrame", talk_gpu: str, model: str,
-                      input_len: int, output_len: int) -> list[Conclusion]:
-    """Notebook 07's price lessons: this machine's measured curve, the talk's case from the roofline."""
-    return [faster_is_dearer(here, "Price of a token on this machine (measured sweeps)"),
-            gpus_needed_conclusion(gpus, talk_gpu, model, input_len, output_len),
-            faster_is_dearer(talk, f"{model} on {talk_gpu} (roofline)", ROOFLINE_MARGIN)]

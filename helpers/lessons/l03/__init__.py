@@ -1,2 +1,42 @@
-"""Notebook 03, prefill, decode and the KV cache: attention by hand, the generation loop, prefill against
-decode, the KV cache on the live engine, and a long prefill stalling running decodes."""
+"""What notebook 03 (prefill, decode and the KV cache) needs beyond the floors below: attention by hand, the
+generation loop, prefill against decode, the KV cache on the live engine (and the verdicts on reusing a prefix's KV
+from a tier of the memory hierarchy), and a long prefill stalling running decodes, one module each. The notebook
+imports from this package alone (and ``helpers.engine.session``): what it uses of those modules and of the floors
+is re-exported here (``__all__``); ``attention`` as a module.
+"""
+
+from helpers.core.conclusion import report
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion, show_conclusions
+from helpers.core.settings import models_dir
+from helpers.core.vllm_args import flag_value
+from helpers.hardware.gpus import GPUS, get_gpu
+from helpers.hardware.machine import check_quiet
+from helpers.lessons import plots
+from helpers.lessons.l02_memory import block_size_note
+from helpers.lessons.l03 import attention
+from helpers.lessons.l03.generation_loop import compare_loops, conclude_loops, load_model, loop_summary
+from helpers.lessons.l03.interference import conclude_stall, measure_stall_configs, stall_gaps, stall_table
+from helpers.lessons.l03.kv_cache import (conclude_agent_cache, conclude_break_cache, conclude_kv_peak,
+                                          conclude_machine_reuse, conclude_prefix_cache, conclude_tiers,
+                                          expected_blocks, measure_break_cache, measure_prefix_cache,
+                                          sample_long_request)
+from helpers.lessons.l03.prefill import conclude_prefill_decode, measure_prefill_decode, prefill_table
+from helpers.measure.bench_results import requests_frame
+from helpers.measure.loadgen import run_load
+from helpers.measure.server_metrics import scrape, window
+from helpers.measure.workloads import Load, Workload
+from helpers.planning import kv_reuse
+from helpers.planning.shape import REFERENCE_CONFIGS
+
+__all__ = [
+    # this notebook's own, from the modules of this package
+    "attention", "compare_loops", "conclude_loops", "load_model", "loop_summary", "conclude_stall",
+    "measure_stall_configs", "stall_gaps", "stall_table", "conclude_agent_cache", "conclude_break_cache",
+    "conclude_kv_peak", "conclude_machine_reuse", "conclude_prefix_cache", "conclude_tiers", "expected_blocks",
+    "measure_break_cache", "measure_prefix_cache", "sample_long_request", "conclude_prefill_decode",
+    "measure_prefill_decode", "prefill_table",
+    # from notebook 02's lesson and the floors below, for the notebook
+    "block_size_note", "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions",
+    "models_dir", "flag_value", "GPUS", "get_gpu", "check_quiet", "plots", "requests_frame", "run_load", "scrape",
+    "window", "Load", "Workload", "kv_reuse", "REFERENCE_CONFIGS",
+]

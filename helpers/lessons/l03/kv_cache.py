@@ -1,4 +1,6 @@
-"""The KV cache on the live engine: one request's blocks, and prefix caching (cold against warm).
+"""The KV cache on the live engine: one request's blocks, and prefix caching (cold against warm); then the
+verdicts on reusing a cached prefix from a tier of the memory hierarchy (``helpers.planning.kv_reuse`` computes
+the tables and measures this machine's reads).
 
 ``measure_prefix_cache`` runs rounds of two requests on a prefix new to the run: the first is cold
 (its prefix is computed), the second warm (its prefix's blocks are found in the cache), so cold and
@@ -175,3 +177,45 @@ def sample_long_request(lab: Any, prompt_tokens: int, output_tokens: int, interv
     gauges["t_s"] = gauges["t"] - gauges["t"].iloc[0]
     timing = long.requests[0].timing
     return gauges, (timing.prompt_tokens or 0) + (timing.completion_tokens or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hierarchical reuse: loading a prefix's KV against recomputing it
+
+
+def conclude_machine_reuse(table: pd.DataFrame) -> Conclusion:
+    """This machine: does reading a prefix's KV (from the file, the slower of the two reads) beat the engine's
+    prefill at every prompt length measured?"""
+    if table.empty:
+        return Conclusion("no prompt length was measured: nothing to compare.", NOT_SHOWN, "loading KV beats recomputing it")
+    slowest = table["read_from_file_ms"].combine(table["read_from_RAM_ms"], max)
+    ratio = table["recompute_ttft_ms"] / slowest
+    longest = table.iloc[-1]
+    text = (f"at {int(longest.prompt_tokens):,} prompt tokens ({longest.kv_MB:.2f} MB of KV) the engine's prefill took "
+            f"{longest.recompute_ttft_ms:,.1f} ms, reading the bytes {longest.read_from_RAM_ms:.3f} ms from RAM and "
+            f"{longest.read_from_file_ms:.3f} ms from a file in the page cache; over all lengths reading was "
+            f"{ratio.min():,.0f}x to {ratio.max():,.0f}x faster")
+    expectation = "on this machine reading a prefix's KV beats recomputing it"
+    if (ratio > 1).all():
+        return Conclusion(text + ". A prefix cache that spills to host memory or a local disk pays off here too.",
+                          SHOWN, expectation)
+    losing = table.loc[ratio <= 1, "prompt_tokens"].tolist()
+    return Conclusion(f"{text}: at {losing} tokens reading was not faster (a tiny model prefills very fast, or the "
+                      "machine was busy during the reads).", NOT_SHOWN, expectation)
+
+
+def conclude_tiers(system: str, verdicts: pd.DataFrame, tokens: int, mfu: float) -> Conclusion:
+    """The talk's question for one system: which tiers beat recomputing a ``tokens``-token prefix, and from
+    which length on (``tier_verdicts`` output)."""
+    wins = verdicts[verdicts["recompute_over_load"] > 1]
+    parts = [f"{r.tier} {r.load_ms:,.1f} ms" for r in verdicts.itertuples()]
+    recompute_ms = verdicts["recompute_ms"].iloc[0]
+    text = (f"{system}, a {tokens:,}-token prefix, prefill at {mfu:.0%} of the peak: recompute {recompute_ms:,.1f} ms; "
+            f"load: {'; '.join(parts)}")
+    expectation = "loading a cached prefix beats recomputing it from every tier"
+    if len(wins) == len(verdicts):
+        return Conclusion(text + f". Every tier wins, even the slowest by {verdicts['recompute_over_load'].min():.1f}x: "
+                          "keeping KV, anywhere in the hierarchy, is cheaper than prefilling it again.", SHOWN, expectation)
+    slow = verdicts[verdicts["recompute_over_load"] <= 1]
+    names = ", ".join(f"{r.tier} (wins only from {r.loading_wins_from_tokens:,} tokens)" for r in slow.itertuples())
+    return Conclusion(text + f". Recomputing is faster than loading from {names}.", NOT_SHOWN, expectation)

@@ -1,0 +1,92 @@
+"""Notebook 01's lesson: the conclusions on one streamed request, the agent's growing context and renting against
+owning, and the outcomes of its two exercises, each fed numbers both ways."""
+
+import pytest
+
+from helpers.core.conclusion import NOT_SHOWN, SHOWN
+from helpers.lessons.l01_connect import (LENGTH_CHOICES, conclude_context_growth, conclude_rent_vs_own, conclude_stream,
+                                         length_outcome, tool_tax_outcome)
+from helpers.measure.stream_timing import StreamTiming
+
+
+def make(events):
+    t = StreamTiming(t_sent=0.0)
+    for ev in events:
+        t.record_chunk(*ev)
+    t.t_done = events[-1][0]
+    return t
+
+
+def steady(n=20, gap=0.02):
+    return make([(0.1 + i * gap, i + 1, "x") for i in range(n)])
+
+
+# ---------------------------------------------------------------- one streamed request
+
+def test_steady_stream_is_shown():
+    out = conclude_stream(steady())
+    assert out[1].verdict == SHOWN and "longest of 20.0 ms" in out[1].text
+
+
+def test_a_stall_flips_the_verdict_and_is_named():
+    events = [(0.1 + i * 0.02, i + 1, "x") for i in range(19)] + [(0.1 + 18 * 0.02 + 1.26, 20, "y")]
+    out = conclude_stream(make(events))
+    assert out[1].verdict == NOT_SHOWN
+    assert "one gap of 1,260 ms before token 20" in out[1].text and "a stall" in out[1].text
+
+
+def test_too_few_tokens_is_not_shown():
+    assert conclude_stream(make([(0.1, 1, "a")]))[0].verdict == NOT_SHOWN
+
+
+# ---------------------------------------------------------------- the agent's context tax
+
+def test_growing_prompt_is_shown():
+    c = conclude_context_growth([300, 420, 560, 700], [20, 15, 18, 22])
+    assert c.verdict == SHOWN and "300 to 700 tokens (2.3x)" in c.text
+
+
+def test_flat_prompt_is_not_shown():
+    c = conclude_context_growth([300, 310, 305], [20, 15, 18])
+    assert c.verdict == NOT_SHOWN and "grew less than 1.5x" in c.text
+
+
+def test_one_call_is_not_enough():
+    assert conclude_context_growth([300], [20]).verdict == NOT_SHOWN
+
+
+# ---------------------------------------------------------------- rent vs own
+
+def test_rent_vs_own_sentence_flips_with_the_numbers() -> None:
+    dear = conclude_rent_vs_own(7.0, 70.0, 1000, 100, 10.0, 0.1, "cpu")
+    cheap = conclude_rent_vs_own(7.0, 0.7, 1000, 100, 10.0, 0.1, "gpu")
+    assert "owning is 10.0x dearer" in dear[0].text and "per million output tokens" in dear[0].text
+    assert "owning is 10.0x cheaper" in cheap[0].text
+    assert "A CPU's tokens/s says nothing of a GPU's" in dear[1].text
+    assert "CPU" not in cheap[1].text
+
+
+# ---------------------------------------------------------------- the exercises
+
+def _length_rows(ttft_short, ttft_long, total_short, total_long):
+    return [{"max_tokens": n, "round": r, "ttft_s": ttft, "e2e_s": total, "completion_tokens": n}
+            for r in (1, 2) for n, ttft, total in ((32, ttft_short, total_short), (64, ttft_long, total_long))]
+
+
+@pytest.mark.parametrize("times, outcome", [
+    ((0.02, 0.021, 0.5, 1.0), "only the total time grows"),
+    ((0.02, 0.05, 0.5, 1.0), "both grow"),
+    ((0.02, 0.05, 0.5, 0.52), "only TTFT grows"),
+    ((0.02, 0.02, 0.5, 0.5), "neither grows"),
+])
+def test_the_longer_answer_outcome_follows_the_medians_either_way(times, outcome):
+    got, detail = length_outcome(_length_rows(*times))
+    assert got == outcome and got in LENGTH_CHOICES
+    assert "max_tokens 32 -> 64" in detail and "medians of 2 rounds" in detail
+
+
+def test_the_tool_tax_outcome_goes_both_ways():
+    outcome, detail = tool_tax_outcome(20, 260, 4)
+    assert outcome == "more" and "+240 tokens (+60 per tool)" in detail
+    assert tool_tax_outcome(20, 20, 4)[0] == "about the same"
+    assert tool_tax_outcome(200, 20, 4)[0] == "fewer"
