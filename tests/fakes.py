@@ -1,5 +1,5 @@
 """What several test files share: an engine that keeps its configuration in memory, an environment of its own for
-a test's real engine, and a port some other program holds. (Fake servers live in fake_vllm.py and
+a test's real engine, a port some other program holds, and a recorded stream. (Fake servers live in fake_vllm.py and
 fake_engine_server.py, a fake kubectl in fixtures/fake_kubectl.py, fake package indexes in fake_index.py.)"""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from helpers.core.settings import CONTRACT_VARIABLES
 from helpers.core.vllm_args import EngineConfig
 from helpers.engine.interface import Engine
+from helpers.measure.stream_timing import StreamTiming
 
 
 class RecordingEngine(Engine):
@@ -57,3 +58,12 @@ def held_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+def recorded_stream(events: list[tuple[float, int, str]]) -> StreamTiming:
+    """A stream's timing from ``(seconds since sent, tokens so far, text)`` chunk events, done at the last one."""
+    timing = StreamTiming(t_sent=0.0)
+    for event in events:
+        timing.record_chunk(*event)
+    timing.t_done = events[-1][0]
+    return timing

@@ -6,15 +6,10 @@ import pytest
 from helpers.core.conclusion import NOT_SHOWN, SHOWN
 from helpers.lessons.l01_connect import (LENGTH_CHOICES, conclude_context_growth, conclude_rent_vs_own, conclude_stream,
                                          length_outcome, tool_tax_outcome)
-from helpers.measure.stream_timing import StreamTiming
+from fakes import recorded_stream
 
 
-def make(events):
-    t = StreamTiming(t_sent=0.0)
-    for ev in events:
-        t.record_chunk(*ev)
-    t.t_done = events[-1][0]
-    return t
+make = recorded_stream
 
 
 def steady(n=20, gap=0.02):

@@ -1,14 +1,10 @@
 import pytest
 
+from fakes import recorded_stream
 from helpers.measure.stream_timing import StreamTiming
 
 
-def make(events):
-    t = StreamTiming(t_sent=0.0)
-    for ev in events:
-        t.record_chunk(*ev)
-    t.t_done = events[-1][0]
-    return t
+make = recorded_stream
 
 
 def test_role_chunk_is_not_a_token_and_multi_token_chunks_are_spread():
