@@ -127,7 +127,7 @@ def no_engine(monkeypatch):
                                    "Names are case-sensitive.\n"),
     (["-p", "BADPARAM"], "error: -p BADPARAM: a parameter must look like NAME=VALUE, e.g. -p MAX_MODEL_LEN=1024\n"),
     (["-p", "MAX_MODEL_LEN=abc"], "error: -p MAX_MODEL_LEN=abc: MAX_MODEL_LEN in 02_units_and_memory_budget.ipynb "
-                                  "takes a whole number (its default is 16384), got 'abc'\n"),
+                                  "takes a whole number (its default is 8192), got 'abc'\n"),
     (["-p", "REPEATS=1", NB02], "REPEATS is not a parameter of 02_units_and_memory_budget.ipynb"),
     (["README.md"], "error: README.md is not a readable notebook (NotJSONError"),
     (["--out", "pyproject.toml", NB02], "error: --out pyproject.toml is a file: give a directory"),

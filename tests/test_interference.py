@@ -34,6 +34,30 @@ def test_the_expected_story_is_shown():
     assert shorter.verdict == SHOWN and longer.verdict == SHOWN
 
 
+def test_the_conclusions_compare_two_chunk_sizes_never_chunking_against_none():
+    # vLLM chunks every prefill above its budget (2,048 on the CPU build): both runs chunk the 3,500-token prompt
+    runs = {"max-num-batched-tokens 2048 (default)": [stall_run(stall_s=1.0, prefill_s=1.0)],
+            "max-num-batched-tokens 256": [stall_run(stall_s=0.2, prefill_s=1.5)]}
+    *_, shorter, longer = conclude_stall(runs)
+    assert shorter.expectation == "a smaller prefill chunk shortens the longest stall"
+    assert longer.expectation == "a smaller prefill chunk makes the long request's own TTFT longer"
+    assert "(max-num-batched-tokens 2048 (default)) vs" in shorter.text
+    assert "(max-num-batched-tokens 256)" in shorter.text
+    printed = " ".join(f"{c.expectation} {c.text}" for c in conclude_stall(runs)).lower()
+    assert "without chunk" not in printed and "chunked prefill" not in printed
+
+
+def test_the_engines_default_budget_is_named_by_its_tokens_where_it_is_known():
+    from helpers.core.settings import load_settings
+    from helpers.lessons.l03.interference import budget_name
+
+    local = load_settings({})
+    assert budget_name(None, local) == "max-num-batched-tokens 2048 (default)"  # vllm/engine/arg_utils.py, CPU
+    assert budget_name(256, local) == "max-num-batched-tokens 256"
+    elsewhere = load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1"})
+    assert budget_name(None, elsewhere) == "max-num-batched-tokens default"  # its hardware decides
+
+
 def test_chunked_prefill_that_finishes_sooner_is_not_shown_with_the_rates():
     # the busy-machine run of the issue: the long prompt's TTFT 7,978 -> 3,941 ms
     runs = {"default": [stall_run(stall_s=8.0, prefill_s=7.978), stall_run(stall_s=7.9, prefill_s=7.9)],
@@ -61,7 +85,8 @@ def test_no_steady_gap_says_so_instead_of_nan():
 def test_one_measured_budget_says_chunking_was_not_compared():
     conclusions = conclude_stall({"max-num-batched-tokens default": [stall_run()]})
     assert conclusions[0].verdict == SHOWN and len(conclusions) == 2
-    assert conclusions[1].text.startswith("chunked prefill was not compared: only one batch budget was measured")
+    assert conclusions[1].text.startswith("a second chunk size was not compared: only one --max-num-batched-tokens "
+                                          "was measured")
 
 
 def test_an_endpoint_run_elsewhere_is_measured_on_its_own_budget_only(monkeypatch, capsys):

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from helpers.planning.kv import cpu_kv_cache, kv_cache_bytes, vllm_kv_cache
-from helpers.planning.memory import (CUDA_GRAPH_BYTES, NON_TORCH_BYTES, estimate_overhead, fit_title, fit_verdict,
-                                     gpu_kv_memory_bytes, plan_memory, plan_row, vllm_gpu_scheduler_defaults)
+from helpers.planning.memory import (CUDA_GRAPH_BYTES, NON_TORCH_BYTES, estimate_overhead, fit_problem, fit_title,
+                                     fit_verdict, gpu_kv_memory_bytes, plan_memory, plan_row,
+                                     vllm_gpu_scheduler_defaults)
 from helpers.planning.shape import REFERENCE_CONFIGS, ConfigError, count_params, load_config, model_shape
 from helpers.planning.weights import (active_weight_bytes, infer_weight_dtype, read_safetensors_header,
                                       safetensors_bytes, weight_bytes)
@@ -424,6 +425,9 @@ def test_fit_verdict_names_the_weights_the_overhead_or_max_model_len():
     assert with_overhead.startswith("does not fit: 17.0 GiB of weights + 1.5 GiB of vLLM overhead fill")
     too_long = fit_verdict(dict(fits, max_model_len=70000, fits=False))
     assert too_long.startswith("does not fit: max_model_len 70,000 tokens is above the KV cache's 65,840 tokens")
+    problems = [fit_problem(dict(fits, **change)) for change in
+                ({}, {"weights_gib": 67.7, "fits": False}, {"weights_gib": 17.0, "fits": False}, {"fits": False})]
+    assert problems == ["", "weights", "overhead", "max_model_len"]
 
 
 def test_engine_comparison_verdict_flips_when_the_numbers_differ():

@@ -8,7 +8,7 @@ import statistics
 import nbformat
 import pytest
 
-from helpers.lab.notebooks import NOTEBOOK_DIR, workshop_notebooks
+from helpers.lab.notebooks import NOTEBOOK_DIR, parameters_cell_index, workshop_notebooks
 
 NOTEBOOKS = workshop_notebooks()
 MEDIAN_CODE_LINES = 8
@@ -78,3 +78,59 @@ def test_code_cells_are_short(path):
              if c.cell_type == "code"]
     assert statistics.median(lines) <= MEDIAN_CODE_LINES, \
         f"{path.name}: median code cell {statistics.median(lines)} lines; move code into helpers/"
+
+
+# "section N" / "exercise N" in a comment of the parameters cell ("sections 5 and 6" names both)
+POINTER = re.compile(r"\b(section|exercise)s?\s+(\d+(?:\s*(?:,|and)\s*\d+)*)", re.I)
+
+
+def numbered_parts(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """'section N' (heading '## N.') and 'exercise N' (heading '### Exercise N') -> the text of their cells."""
+    out = {}
+    for heading, cells in sections(nb):
+        found = re.match(r"## (\d+)\.|### Exercise (\d+)\b", heading)
+        if found:
+            key = f"section {found.group(1)}" if found.group(1) else f"exercise {found.group(2)}"
+            out[key] = "\n".join(c.source for c in cells)
+    return out
+
+
+def wrong_pointers(nb: nbformat.NotebookNode) -> list[str]:
+    """Each parameters-cell comment naming a section or exercise the notebook lacks, or one that never uses the
+    parameter assigned on that line."""
+    parts, wrong = numbered_parts(nb), []
+    for line in nb.cells[parameters_cell_index(nb)].source.splitlines():
+        code, _, comment = line.partition("#")
+        names = re.findall(r"\b[A-Z][A-Z0-9_]*\b", code.split("=")[0]) if "=" in code else []
+        for kind, numbers in POINTER.findall(comment):
+            for part in (f"{kind.lower()} {n}" for n in re.findall(r"\d+", numbers)):
+                if part not in parts:
+                    wrong.append(f"{line.strip()!r}: the notebook has no {part}")
+                else:
+                    wrong += [f"{line.strip()!r}: {part} never uses {name}"
+                              for name in names if name not in parts[part]]
+    return wrong
+
+
+def test_the_pointer_check_catches_a_wrong_section():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("X = 1  # section 2\nY = 2  # sections 1 and 2\nZ = 3  # section 1",
+                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_markdown_cell("## 1. One"), nbformat.v4.new_code_cell("print(Z)"),
+        nbformat.v4.new_markdown_cell("### Exercise 1: one"), nbformat.v4.new_code_cell("print(X, Y)")])
+    assert wrong_pointers(nb) == ["'X = 1  # section 2': the notebook has no section 2",
+                                  "'Y = 2  # sections 1 and 2': section 1 never uses Y",
+                                  "'Y = 2  # sections 1 and 2': the notebook has no section 2"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_parameters_cell_points_to_sections_that_exist_and_use_the_parameter(path):
+    assert wrong_pointers(nbformat.read(path, as_version=4)) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_make_target_a_notebook_names_is_in_the_makefile(path):
+    targets = set(re.findall(r"^([A-Za-z][\w-]*):", (NOTEBOOK_DIR.parent / "Makefile").read_text(), re.M))
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    named = set(re.findall(r"`make ([A-Za-z][\w-]*)", text))
+    assert named <= targets, f"{path.name}: no Makefile target {sorted(named - targets)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,34 @@ def test_memory_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "4,022,468,096 total" in out and "147,456 B/token" in out
     assert "does not fit: 7.5 GiB of weights + 1.5 GiB of vLLM overhead fill" in out  # fit_verdict, as notebook 02
     assert "vLLM will refuse to start" in out
+
+
+def test_memory_of_weights_larger_than_the_gpu_says_so_and_prints_no_negative_memory(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["memory", str(CONFIGS / "Llama-3.3-70B.json"), "--gpu", "L4", "--weight-dtype", "bf16"]
+    assert _run(argv) == 0
+    out = capsys.readouterr().out
+    verdict = "does not fit: the weights alone (131.4 GiB of weights) exceed the 20.7 GiB budget"
+    assert verdict in out  # fit_verdict, the sentence notebook 02's explorer prints
+    kv_line = next(line for line in out.splitlines() if line.startswith("KV cache memory"))
+    assert "none (0 GB): the weights alone exceed the budget" in kv_line
+    assert not re.search(r"(?<![\w-])-\s?\d", out), f"a negative figure:\n{out}"  # not Llama-3.3's hyphen
+    assert "raise --gpu-memory-utilization" not in out  # 131 GiB of weights on a 22.5 GiB card: no setting helps
+    data = _json(capsys, argv)
+    assert data["kv_cache_bytes"] == 0 and data["fits"] is False and data["verdict"].startswith(verdict)
+    assert all(v >= 0 for v in data.values() if isinstance(v, (int, float)))
+
+
+def test_memory_whose_overhead_leaves_no_kv_cache_shows_none_not_a_negative_figure(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, ["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "RTX 4000 Ada",
+                          "--gpu-memory-utilization", "0.4", "--max-model-len", "4096"])
+    assert data["kv_cache_bytes"] == 0 and "so no KV cache is left" in data["verdict"]
+    assert _run(["memory", str(CONFIGS / "Qwen3-4B.json"), "--gpu", "RTX 4000 Ada", "--gpu-memory-utilization", "0.3",
+                 "--max-model-len", "4096"]) == 0
+    out = capsys.readouterr().out  # 7.5 GiB of weights above a 6.0 GiB budget, below the card's 20 GiB
+    assert "does not fit: the weights alone" in out
+    assert "vLLM will refuse to start: raise --gpu-memory-utilization" in out
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -82,3 +82,62 @@ def test_the_ladder_check_goes_both_ways():
     fake = pd.DataFrame([{"format": "bf16", "bits_per_weight": 16, "m_weights_GB": 10.0},
                          {"format": "int4", "bits_per_weight": 4.16, "m_weights_GB": 8.0}])
     assert not ladder_check(fake)[0]
+
+
+# ---------------------------------------------------------------- the map's flags against the installed vLLM
+
+import ast  # noqa: E402
+import importlib.util  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def online_shorthands() -> dict[str, set[str]]:
+    """The installed vLLM's ``--quantization`` shorthands -> the layer kinds each quantizes ("linear": dense layers,
+    "moe": experts), read from ``_ONLINE_SHORTHANDS`` in vllm/config/quantization.py without importing vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is installed in the project's environment"
+    source = Path(next(iter(spec.submodule_search_locations))) / "config" / "quantization.py"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_ONLINE_SHORTHANDS":
+            return {key.value: {kw.arg for kw in call.keywords if kw.arg in ("linear", "moe")}
+                    for key, call in zip(node.value.keys, node.value.values)}
+    raise AssertionError(f"no _ONLINE_SHORTHANDS in {source}: read the new vLLM's online quantization and update this")
+
+
+def quantization_flags(text: str) -> list[str]:
+    """Every value the text gives ``--quantization``."""
+    return re.findall(r"--quantization\s+([\w-]+)", text)
+
+
+def test_every_quantization_flag_the_map_names_is_an_online_scheme_of_the_installed_vllm():
+    version, methods = installed_vllm_methods()
+    shorthands = online_shorthands()
+    assert {"fp8_per_tensor", "fp8_per_channel", "int8_per_channel_weight_only"} <= set(shorthands)
+    rows = {s.name: s.vllm for s in schemes()}
+    named = [(name, flag) for name, text in rows.items() for flag in quantization_flags(text)]
+    assert named, "the map names vLLM's online (--quantization) schemes"
+    for name, flag in named:
+        assert flag in methods, f"{name}: vLLM {version} has no --quantization {flag}"
+        # quantizing a BF16 checkpoint at load time takes an online scheme (plain fp8 is deprecated for that)
+        assert flag in shorthands, \
+            f"{name}: --quantization {flag} is not one of vLLM's online schemes {sorted(shorthands)}"
+        if "linear" not in shorthands[flag]:
+            assert "MoE" in rows[name] and "dense" in rows[name], \
+                f"{name}: --quantization {flag} leaves dense layers unquantized; the row must say so"
+    assert quantization_flags("--quantization fp8 at load time, or --quantization fp8_per_block") == [
+        "fp8", "fp8_per_block"]
+    assert "fp8" not in shorthands  # what the row used to say: not an online scheme of this vLLM
+
+
+def test_the_w8a16_row_names_what_quantizes_a_dense_models_layers():
+    shorthands = online_shorthands()
+    w8a16 = next(s for s in schemes() if "W8A16" in s.name)
+    # vLLM's online INT8 weight-only scheme sets a MoE spec and no linear one: a dense model stays BF16
+    assert shorthands["int8_per_channel_weight_only"] == {"moe"}
+    dense_flags = [f for f in quantization_flags(w8a16.vllm) if "linear" in shorthands.get(f, set())]
+    assert w8a16.vllm_method == "compressed-tensors" or dense_flags, \
+        f"{w8a16.name}: neither a checkpoint method nor an online scheme that quantizes linear layers"
+    assert w8a16.vllm.startswith("the checkpoint's quantization_config (compressed-tensors W8A16)")
+    verdict = machine_verdict(w8a16, "cpu", installed_vllm_methods())
+    assert verdict.startswith("no: vLLM's CPU build has no 8-bit weight-only kernel")

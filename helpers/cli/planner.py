@@ -18,6 +18,26 @@ from helpers.planning.weights import WEIGHT_FORMATS
 from helpers.cli.args import error, number_type
 
 KV_DTYPES = ("bf16", "fp8")
+# Why a plan has no KV cache at all, and what lets a plan start, by what stops it (memory.fit_problem).
+NO_KV_CACHE = {"weights": "the weights alone exceed the budget",
+               "overhead": "the weights and vLLM's overhead fill the budget"}
+WHAT_TO_DO = {
+    "weights": "use a smaller weight format (--weight-dtype), a GPU with more memory, or several GPUs (vLLM's "
+               "--tensor-parallel-size splits the weights)",
+    "overhead": "use a smaller weight format (--weight-dtype) or raise --gpu-memory-utilization",
+    "max_model_len": "lower --max-model-len or the weights (--weight-dtype), or raise --gpu-memory-utilization",
+}
+
+
+def what_to_do(row: dict[str, Any]) -> str:
+    """What lets a plan that does not fit start (a ``plan_row``); '' when it fits."""
+    problem = memory.fit_problem(row)
+    if not problem:
+        return ""
+    advice = WHAT_TO_DO[problem]
+    if problem == "weights" and row.get("memory_gib", 0) > row["weights_gib"]:  # below the card, above the budget
+        advice = "raise --gpu-memory-utilization, " + advice
+    return "vLLM will refuse to start: " + advice
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -85,8 +105,9 @@ def memory_fields(plan: memory.MemoryPlan) -> dict[str, Any]:
                 "gpu_memory_utilization": plan.gpu_memory_utilization,
                 "overhead_bytes": plan.overhead.total_bytes,
             })
+        verdict = memory.fit_verdict(memory.plan_row(plan))
         out.update({
-            "kv_cache_bytes": c.kv_memory_bytes,
+            "kv_cache_bytes": max(0, c.kv_memory_bytes),  # none left: 0, and the verdict says why
             "block_size": c.block_size,
             "num_blocks": c.num_blocks,
             "kv_cache_tokens": c.kv_cache_tokens,
@@ -96,6 +117,8 @@ def memory_fields(plan: memory.MemoryPlan) -> dict[str, Any]:
             "fits": c.fits,
             "exact": c.exact,
         })
+        if verdict:
+            out["verdict"] = verdict
     return out
 
 
@@ -119,16 +142,19 @@ def _memory_table(plan: memory.MemoryPlan) -> str:
                 ("GPU", f"{plan.gpu}: {_gb(plan.total_memory_bytes or 0)} x {plan.gpu_memory_utilization}"),
                 ("overhead", f"{_gb(plan.overhead.total_bytes)} (activations + non-torch + CUDA graphs, estimated)"),
             ]
+        row = memory.plan_row(plan)
+        verdict = memory.fit_verdict(row)
+        kv_memory = _gb(c.kv_memory_bytes) + (" (CPU backend)" if plan.gpu == "cpu" else "")
+        if c.kv_memory_bytes <= 0:  # the weights (and the overhead) took the whole budget: no KV cache at all
+            kv_memory = "none (0 GB): " + NO_KV_CACHE.get(memory.fit_problem(row), verdict)
         rows += [
-            ("KV cache memory", _gb(c.kv_memory_bytes) + (" (CPU backend)" if plan.gpu == "cpu" else "")),
+            ("KV cache memory", kv_memory),
             ("KV blocks", f"{c.num_blocks:,} of {c.block_size} tokens = {c.kv_cache_tokens:,} tokens"),
             (f"max concurrency at {c.max_model_len:,} tokens", f"{c.max_concurrency:.2f}"
                                                               + ("" if c.exact else " (approximate: hybrid model)")),
         ]
         if not c.fits:
-            rows += [("WARNING", memory.fit_verdict(memory.plan_row(plan))),
-                     ("what to do", "vLLM will refuse to start: lower --max-model-len or the weights (--weight-dtype), "
-                                    "or raise --gpu-memory-utilization")]
+            rows += [("WARNING", verdict), ("what to do", what_to_do(row))]
     rows += [("note", note) for note in plan.notes]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

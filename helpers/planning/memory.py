@@ -191,21 +191,34 @@ def plan_row(plan: MemoryPlan, conversation_tokens: int | None = None) -> dict[s
     return row
 
 
+def fit_problem(row: Mapping[str, Any]) -> str:
+    """What keeps a ``plan_row`` from starting: "weights" (the weights alone exceed the budget), "overhead" (weights
+    and vLLM's overhead leave no KV cache), "max_model_len" (one request of it does not fit the KV cache), or ''
+    when it fits."""
+    if row.get("fits", True):
+        return ""
+    if "budget_gib" in row:
+        if row["weights_gib"] >= row["budget_gib"]:
+            return "weights"
+        if row["weights_gib"] + row.get("overhead_gib", 0.0) >= row["budget_gib"]:
+            return "overhead"
+    return "max_model_len"
+
+
 def fit_verdict(row: Mapping[str, Any]) -> str:
     """Why a ``plan_row`` does not start, beginning "does not fit"; '' when it fits. The reason is the weights
     alone above the budget, the weights and vLLM's overhead that leave no KV cache, or a max_model_len above
     what the KV cache holds for one request (vLLM then refuses to start)."""
-    if row.get("fits", True):
+    problem = fit_problem(row)
+    if not problem:
         return ""
-    if "budget_gib" in row:
+    if problem in ("weights", "overhead"):
         budget = f"the {row['budget_gib']:.1f} GiB budget ({row['memory_gib']:.1f} GiB x utilization)" \
             if "memory_gib" in row else f"the {row['budget_gib']:.1f} GiB budget"
-        if row["weights_gib"] >= row["budget_gib"]:
+        if problem == "weights":
             return f"does not fit: the weights alone ({row['weights_gib']:.1f} GiB of weights) exceed {budget}"
-        overhead = row.get("overhead_gib", 0.0)
-        if row["weights_gib"] + overhead >= row["budget_gib"]:
-            return (f"does not fit: {row['weights_gib']:.1f} GiB of weights + {overhead:.1f} GiB of vLLM overhead "
-                    f"fill {budget}, so no KV cache is left")
+        return (f"does not fit: {row['weights_gib']:.1f} GiB of weights + {row.get('overhead_gib', 0.0):.1f} GiB of "
+                f"vLLM overhead fill {budget}, so no KV cache is left")
     return (f"does not fit: max_model_len {row['max_model_len']:,} tokens is above the KV cache's "
             f"{row['kv_cache_tokens']:,} tokens for one request, so vLLM refuses to start; lower --max-model-len "
             "or free memory")

@@ -48,6 +48,7 @@ class Scheme:
     cpu_feature: str | None  # the helpers.hardware.machine feature that gates it on a CPU
     configs: tuple[str, ...]  # notebook 05's names for the configurations that measure it
     source: str
+    cpu_no_kernel: str = ""  # why vLLM's CPU build cannot serve it, read in its source ('' when not known to fail)
 
 
 def gguf_bits_per_weight(weights_per_block: int, bits: int, overhead_bits: int) -> float:
@@ -90,10 +91,21 @@ def schemes() -> list[Scheme]:
                "yes: salient channels found from calibration activations are scaled up before rounding; "
                + _CALIBRATION_RISK, gpu_int4, "the checkpoint's quantization_config (awq; awq_marlin kernel)",
                "awq", True, "int4_weights", (), "Lin et al. 2023, AWQ; " + _DOCS),
+        # A dense model's W8A16 comes from a checkpoint: vLLM's online int8_per_channel_weight_only sets only a
+        # `moe` spec (_ONLINE_SHORTHANDS in vllm/config/quantization.py), so a dense model's linear layers stay BF16.
+        # GPUs: Marlin takes 8-bit weights (uint8b128, vllm/model_executor/layers/quantization/utils/marlin_utils.py);
+        # the CPU build's WNA16 kernels take 4-bit ones only
+        # (vllm/model_executor/kernels/linear/mixed_precision/cpu.py).
         Scheme("W8A16 INT8 weight-only", "weight-only", _bits("int8"), WEIGHT_FORMATS["int8"].source,
-               "weights (8-bit, per channel)", "no: per-channel max", "any GPU (widened in the kernel)",
-               "--quantization int8_per_channel_weight_only (at load time)", "int8_per_channel_weight_only", None,
-               None, (), "vLLM docs, Online Quantization"),
+               "weights (8-bit, per channel)", "no: per-channel max",
+               "any GPU: widened to BF16 inside the Marlin kernel (Ampere+)",
+               "the checkpoint's quantization_config (compressed-tensors W8A16); --quantization "
+               "int8_per_channel_weight_only quantizes MoE experts only: a dense model's layers stay BF16",
+               "compressed-tensors", None, None, (),
+               "vLLM source: vllm/config/quantization.py (_ONLINE_SHORTHANDS), "
+               "vllm/model_executor/layers/quantization/utils/marlin_utils.py; vLLM docs, Online Quantization",
+               cpu_no_kernel="vLLM's CPU build has no 8-bit weight-only kernel (its WNA16 kernels take 4-bit "
+                             "weights only: vllm/model_executor/kernels/linear/mixed_precision/cpu.py)"),
         Scheme("W8A8 INT8", "weight+activation", _bits("int8"), WEIGHT_FORMATS["int8"].source,
                "weights and activations (8-bit)",
                "optional: per-token dynamic activation scales need none; static scales and SmoothQuant use "
@@ -102,8 +114,12 @@ def schemes() -> list[Scheme]:
                "vLLM docs, INT8 W8A8; " + _DOCS),
         Scheme("FP8 W8A8, dynamic scales", "weight+activation", _bits("fp8"), fp8, "weights and activations (FP8 E4M3)",
                "no: activation scales computed per token at run time", fp8_hw,
-               "checkpoint (compressed-tensors), or --quantization fp8 at load time", "fp8", False, None,
-               ("fp8-dynamic", "online fp8_per_channel"), "vLLM docs, FP8 W8A8; " + _DOCS),
+               "checkpoint (compressed-tensors FP8-dynamic), or --quantization fp8_per_channel at load time "
+               "(vLLM's other online FP8 schemes: fp8_per_tensor, fp8_per_block, mxfp8; plain fp8 is deprecated "
+               "for this and means fp8_per_tensor)", "fp8_per_channel", False, None,
+               ("fp8-dynamic", "online fp8_per_channel"),
+               "vLLM docs, FP8 W8A8; " + _DOCS + "; vLLM source: vllm/config/quantization.py (_ONLINE_SHORTHANDS), "
+               "vllm/model_executor/model_loader/weight_utils.py (--quantization fp8 -> fp8_per_tensor)"),
         Scheme("FP8 W8A8, static scales", "weight+activation", _bits("fp8"), fp8, "weights and activations (FP8 E4M3)",
                "yes: one activation scale per tensor fixed from calibration data; risk: activations beyond the "
                "calibrated range clip", fp8_hw, "checkpoint (compressed-tensors)", "compressed-tensors", False, None,
@@ -161,14 +177,17 @@ def installed_vllm_methods() -> tuple[str, tuple[str, ...]] | None:
 
 def machine_verdict(scheme: Scheme, profile: str, vllm_methods: tuple[str, tuple[str, ...]] | None,
                     cpu: object | None = None) -> str:
-    """Can this machine's engine serve ``scheme``? From the capability probe (``helpers.hardware.machine``), the installed
-    vLLM's quantization registry and vLLM's docs matrix, in that order; never from a measurement."""
+    """Can this machine's engine serve ``scheme``? From the installed vLLM's quantization registry, what its CPU
+    build's source lacks, the capability probe (``helpers.hardware.machine``) and vLLM's docs matrix, in that order;
+    never from a measurement."""
     from helpers.hardware.machine import capability
 
     if profile != "cpu":
         return f"not probed: the engine runs on the {profile} profile (see the hardware column)"
     if scheme.vllm_method and vllm_methods and scheme.vllm_method not in vllm_methods[1]:
         return f"no: this vLLM ({vllm_methods[0]}) has no '{scheme.vllm_method}' quantization method"
+    if scheme.cpu_no_kernel:
+        return "no: " + scheme.cpu_no_kernel
     if scheme.cpu_feature:
         found = capability(scheme.cpu_feature, profile, cpu)  # type: ignore[arg-type]
         return "yes (probe: " + found.reason + ")" if found.ok else "no: " + found.reason.split(";")[0]

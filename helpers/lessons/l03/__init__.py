@@ -15,7 +15,8 @@ from helpers.lessons import plots
 from helpers.lessons.l02_memory import block_size_note
 from helpers.lessons.l03 import attention
 from helpers.lessons.l03.generation_loop import compare_loops, conclude_loops, load_model, loop_summary
-from helpers.lessons.l03.interference import conclude_stall, measure_stall_configs, stall_gaps, stall_table
+from helpers.lessons.l03.interference import (budget_name, conclude_stall, measure_stall_configs, stall_gaps,
+                                              stall_table)
 from helpers.lessons.l03.kv_cache import (conclude_agent_cache, conclude_break_cache, conclude_kv_peak,
                                           conclude_machine_reuse, conclude_prefix_cache, conclude_tiers,
                                           expected_blocks, measure_break_cache, measure_prefix_cache,
@@ -30,7 +31,7 @@ from helpers.planning.shape import REFERENCE_CONFIGS
 
 __all__ = [
     # this notebook's own, from the modules of this package
-    "attention", "compare_loops", "conclude_loops", "load_model", "loop_summary", "conclude_stall",
+    "attention", "compare_loops", "conclude_loops", "load_model", "loop_summary", "budget_name", "conclude_stall",
     "measure_stall_configs", "stall_gaps", "stall_table", "conclude_agent_cache", "conclude_break_cache",
     "conclude_kv_peak", "conclude_machine_reuse", "conclude_prefix_cache", "conclude_tiers", "expected_blocks",
     "measure_break_cache", "measure_prefix_cache", "sample_long_request", "conclude_prefill_decode",

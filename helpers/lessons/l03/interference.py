@@ -3,13 +3,15 @@
 ``measure_prefill_stall`` starts ``n_streams`` long generations, waits until they decode steadily,
 then sends one request with a long prompt (``max_tokens=1``: it is all prefill). Every running
 stream's token arrival times are kept, so the gaps while the long prompt is prefilled can be set
-against the steady gaps before it. With chunked prefill (``--max-num-batched-tokens``) the prefill is
-cut into pieces that share engine steps with the decodes: more, smaller stalls instead of one long one.
+against the steady gaps before it. vLLM chunks prefills by default (chunked prefill is on for generative models,
+vllm/engine/arg_utils.py): ``--max-num-batched-tokens`` caps the tokens of one step (2,048 by default on the CPU
+build, ``get_batch_defaults`` there), so a longer prompt is cut into pieces that share engine steps with the
+decodes. The lesson compares two chunk sizes: a smaller one makes more, shorter stalls instead of fewer, longer ones.
 
 The long prompt is sent only once every stream has received tokens (so there is a steady pace to
 compare with, even on a busy machine whose first tokens come late). ``conclude_stall`` judges the
-three expectations (a stall; chunking shortens it; chunking lengthens the long request's own TTFT)
-against the repeats' spread.
+three expectations (a stall; the smaller chunk shortens it; the smaller chunk lengthens the long request's
+own TTFT) against the repeats' spread.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, WORSE, Verdict, compare_samples
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
+from helpers.core.settings import Settings
 from helpers.measure.loadgen import prompt_factory
 from helpers.measure.stream_timing import StreamTiming, stream_chat
+from helpers.planning.kv import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
@@ -64,6 +68,18 @@ class StallResult:
                 "median_gap_before_ms": round(float(median(before)), 2) if len(before) else None,
                 "max_gap_during_prefill_ms": round(float(during.max()), 2) if len(during) else None,
                 "gaps_during_prefill": int(len(during))}
+
+
+def budget_name(value: Any, settings: Settings) -> str:
+    """How tables and conclusions name a ``--max-num-batched-tokens`` setting (``value`` None: the engine's default):
+    its tokens per step; for the default of the CPU engine the helpers run, the 2,048 vLLM's CPU build picks
+    (``get_batch_defaults`` in vllm/engine/arg_utils.py). Elsewhere the default depends on the hardware (on a GPU
+    2,048 to 16,384, by its memory), so it is named 'default'."""
+    if value is not None:
+        return f"max-num-batched-tokens {value}"
+    if settings.profile == "cpu" and settings.managed:
+        return f"max-num-batched-tokens {DEFAULT_MAX_NUM_BATCHED_TOKENS} (default)"
+    return "max-num-batched-tokens default"
 
 
 def measure_prefill_stall(lab: Lab, n_streams: int = 4, stream_tokens: int = 400, long_prompt_tokens: int = 3000,
@@ -151,10 +167,12 @@ def _samples(results: list[StallResult], key: str) -> list[float]:
 
 def conclude_stall(runs: dict[str, list[StallResult]], stall_factor: float = STALL_FACTOR,
                    quiet: bool | None = None) -> list[Conclusion]:
-    """Default budget (first entry of ``runs``) against chunked prefill (second), every repeat kept:
+    """The larger chunk (first entry of ``runs``: the engine's budget) against the smaller one (second), every
+    repeat kept. vLLM chunks a prefill longer than the budget, so both runs chunk; they differ in chunk size:
     1. the long prefill stalls the running streams (longest gap overlapping it >= ``stall_factor`` x the
-       steady median gap); 2. chunking shortens that stall; 3. chunking lengthens the long request's own
-    prefill. Each is judged against the repeats' spread; a contrary result says what the numbers show."""
+       steady median gap); 2. the smaller chunk shortens that stall; 3. the smaller chunk lengthens the long
+    request's own prefill. Each is judged against the repeats' spread; a contrary result says what the numbers
+    show."""
     out = []
     for name, results in list(runs.items())[:2]:
         steady, stall = _samples(results, "median_gap_before_ms"), _samples(results, "max_gap_during_prefill_ms")
@@ -173,14 +191,14 @@ def conclude_stall(runs: dict[str, list[StallResult]], stall_factor: float = STA
             out.append(Conclusion(text + f": under {stall_factor:g}x, the streams hardly noticed (a prefill this short "
                                   "takes about one decode step here).", NOT_SHOWN, expectation))
     if len(runs) < 2:
-        return out + [Conclusion("chunked prefill was not compared: only one batch budget was measured (an endpoint "
-                                 "whose flags are set where it runs keeps its own).")]
+        return out + [Conclusion("a second chunk size was not compared: only one --max-num-batched-tokens was measured "
+                                 "(an endpoint whose flags are set where it runs keeps its own).")]
     (name_a, a), (name_b, b) = list(runs.items())[:2]
     stall = compare_samples(_samples(a, "max_gap_during_prefill_ms"), _samples(b, "max_gap_during_prefill_ms"),
                             higher_is_better=False)
-    out.append(_judge(stall, BETTER, "chunked prefill shortens the longest stall",
+    out.append(_judge(stall, BETTER, "a smaller prefill chunk shortens the longest stall",
                       f"longest stall {stall.mean_a:,.0f} ms ({name_a}) vs {stall.mean_b:,.0f} ms ({name_b})",
-                      "the chunked run's longest gap was not shorter; compare the steady gaps above, since whatever "
+                      "the smaller chunk's longest gap was not shorter; compare the steady gaps above, since whatever "
                       "lengthens every gap (a busy machine) lengthens the stall too"
                       + ("; the machine was busy (quiet check)" if quiet is False else ""), quiet))
     own = compare_samples(_samples(a, "prefill_ms"), _samples(b, "prefill_ms"), higher_is_better=False)
@@ -189,12 +207,12 @@ def conclude_stall(runs: dict[str, list[StallResult]], stall_factor: float = STA
     if tokens and own.mean_a == own.mean_a and own.mean_b > 0:
         n = sum(tokens) / len(tokens)
         rates = f" ({n / own.mean_a * 1000:,.0f} vs {n / own.mean_b * 1000:,.0f} prompt tokens/s)"
-    out.append(_judge(own, WORSE, "chunked prefill makes the long request's own TTFT longer",
+    out.append(_judge(own, WORSE, "a smaller prefill chunk makes the long request's own TTFT longer",
                       f"the long prompt's prefill took {own.mean_a:,.0f} ms ({name_a}) vs {own.mean_b:,.0f} ms "
                       f"({name_b}){rates}",
-                      "chunking finished the prompt sooner: its smaller steps ran faster per prompt token than the "
-                      "single large step, more than paying for the extra steps"
-                      + ("; the machine was busy (quiet check), so the default run may have been slowed"
+                      "the smaller chunks finished the prompt sooner: they ran faster per prompt token than the "
+                      "larger ones, more than paying for the extra steps"
+                      + ("; the machine was busy (quiet check), so the larger-chunk run may have been slowed"
                          if quiet is False else ""), quiet))
     return out
 
