@@ -131,12 +131,10 @@ def pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", *args]
 
 
-def indexes_serve(version: str, extra_index: str | None = None) -> tuple[bool | None, str]:
-    """Whether pip's configured indexes (plus ``extra_index``) list torch ``version``; None when pip could not say."""
-    command = pip("index", "versions", "torch", "--disable-pip-version-check")
-    if extra_index:
-        command += ["--extra-index-url", extra_index]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+def indexes_serve(version: str) -> tuple[bool | None, str]:
+    """Whether pip's configured indexes list torch ``version``; None when pip could not say."""
+    done = subprocess.run(pip("index", "versions", "torch", "--disable-pip-version-check"), capture_output=True,
+                          text=True, timeout=300)
     listed = re.search(r"^Available versions:(.*)$", done.stdout, re.MULTILINE)
     if done.returncode != 0 or not listed:
         last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]

@@ -78,17 +78,17 @@ def _vllm_missing() -> bool:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the engine for the profile (or find the running one) and print the endpoint."""
-    if load_settings().managed and _vllm_missing():  # the local engine is vLLM: say so before anything else is needed
+    if args.replicas is None and args.router is None:
+        return start_engine(args.timeout, "up")
+    if load_settings().managed and _vllm_missing():  # replicas are vLLM engines: say so before anything else is needed
         return cli_args.error(_missing_line("up", "vllm"))
-    if args.replicas is not None or args.router is not None:
-        return _up_replicas(args.replicas, args.router, args.timeout)
-    return start_engine(args.timeout, "up")
+    return _up_replicas(args.replicas, args.router, args.timeout)
 
 
 def start_engine(timeout_s: float | None, command: str) -> int:
     """Start the profile's engine or find the running one (a recorded replica set is kept) and print the endpoint;
     ``command`` names the subcommand in the one-line hint when vLLM is missing."""
-    if load_settings().managed and _vllm_missing():
+    if load_settings().managed and _vllm_missing():  # the local engine is vLLM: say so before anything else is needed
         return cli_args.error(_missing_line(command, "vllm"))
     from helpers.engine.local import LocalEngine
     from helpers.engine.replicas import ReplicaSet
@@ -217,16 +217,14 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """Execute notebooks headless against the engine; stop at the first error.
 
     Every -p NAME=VALUE is checked against the notebooks' parameters cells before the engine starts;
     it goes to the notebooks that have NAME and is refused only when none of them has it.
     """
-    from helpers.lab.notebooks import (NotebookRunError, ParameterError, check_parameters, read_notebook, run_notebook,
-                                   workshop_notebooks)
+    from helpers.lab.notebooks import (NotebookRunError, ParameterError, check_parameters, read_notebook,
+                                       run_notebook, workshop_notebooks)
 
     paths = [Path(p) for p in args.notebooks] or workshop_notebooks()
     missing = [str(p) for p in paths if not p.is_file()]
