@@ -12,7 +12,7 @@ DEV := $(if $(filter client,$(PROFILE)),,--dev)
 # the engine `make lab` starts: WORKSHOP_PROFILE=gpu for the gpu environment, the default (cpu) otherwise
 LAB_ENV := $(if $(filter gpu,$(PROFILE)),WORKSHOP_PROFILE=gpu)
 
-.PHONY: lab test venv up down clean-venv image lab-image lab-container
+.PHONY: lab test venv up down clean-venv image lab-image lab-container router-image
 
 # install/install.py: the profile's pins from pyproject.toml and its requirements file (reinstalled when either
 # changes), PyTorch's CPU index when needed, the workshop in place, and a check of what the profile promises
@@ -43,6 +43,7 @@ clean-venv:
 # Images (images/notebook/Containerfile), with docker or podman; they install through install/install.py too.
 IMAGE ?= workshop-notebook:dev
 LAB_IMAGE ?= workshop-lab-cpu:dev
+ROUTER_IMAGE ?= workshop-router:0.1.17-v0.33.0
 CONTAINER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
 CONTAINERFILE := images/notebook/Containerfile
 BUILD_ARGS := --build-arg TORCH_CPU_INDEX=$(TORCH_CPU_INDEX)
@@ -57,3 +58,7 @@ lab-image:  ## the self-study image (vLLM's CPU build, the tiny models, workshop
 
 lab-container: lab-image  ## build the self-study image and run it: JupyterLab on http://127.0.0.1:8888
 	$(CONTAINER) run --rm -it -p 127.0.0.1:8888:8888 $(LAB_IMAGE)
+
+router-image:  ## vLLM's router for k8s/components/router (images/router/Containerfile): make router-image ROUTER_IMAGE=registry/name:tag
+	@test -n "$(CONTAINER)" || { echo "make router-image needs docker or podman on PATH (or CONTAINER=/path/to/one)" >&2; exit 2; }
+	$(CONTAINER) build -f images/router/Containerfile --target router -t $(ROUTER_IMAGE) .

@@ -67,3 +67,17 @@ def recorded_stream(events: list[tuple[float, int, str]]) -> StreamTiming:
         timing.record_chunk(*event)
     timing.t_done = events[-1][0]
     return timing
+
+
+def fake_kubectl_on_path(tmp_path: Path, monkeypatch, state_path: Path) -> None:
+    """Put tests/fixtures/fake_kubectl.py first on PATH as ``kubectl``, its cluster kept in ``state_path``."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "kubectl"
+    fake = Path(__file__).resolve().parent / "fixtures" / "fake_kubectl.py"
+    wrapper.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{fake}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state_path))

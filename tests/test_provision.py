@@ -21,6 +21,15 @@ from helpers.cli.provision import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 README = overlays.K8S_DIR / "README.md"
+# The two flags every workshop needs (addresses made up for the tests): the NFS export of the room's one
+# download, and the API server's endpoint the notebooks may reach.
+ROOM = {"model_nfs": "10.0.0.5:/workshop-models", "kube_api": ["10.0.0.2/32:6443"]}
+ROOM_FLAGS = ["--model-nfs", ROOM["model_nfs"], "--kube-api", ROOM["kube_api"][0]]
+
+
+def render(*args, **kwargs) -> overlays.Rendered:
+    """overlays.render with the room's flags, unless the test gives its own."""
+    return overlays.render(*args, **{**ROOM, **kwargs})
 
 
 class FakeKubectl:
@@ -66,14 +75,15 @@ def namespaces_answer(*items: dict) -> FakeKubectl:
 
 @pytest.fixture
 def workshop(tmp_path: Path) -> Path:
-    overlays.render(3, "ws", out_dir=tmp_path / "ws")
+    render(3, "ws", out_dir=tmp_path / "ws")
     return tmp_path / "ws"
 
 
 # ---------------------------------------------------------------- rendering
 
 def test_render_writes_one_overlay_per_participant_with_private_secrets(workshop):
-    assert sorted(p.name for p in workshop.iterdir() if p.is_dir()) == ["ws-01", "ws-02", "ws-03"]
+    assert sorted(p.name for p in workshop.iterdir() if p.is_dir()) == ["ws-01", "ws-02", "ws-03", "ws-models"]
+    assert not (workshop / "ws-models" / overlays.SECRETS_DIR).exists()  # the room holds no participant's secret
     tokens = set()
     for ns in ("ws-01", "ws-02", "ws-03"):
         secrets_dir = workshop / ns / overlays.SECRETS_DIR
@@ -90,7 +100,7 @@ def test_render_writes_one_overlay_per_participant_with_private_secrets(workshop
 
 def test_render_reuses_stored_secrets_and_keeps_them_when_participants_are_added(workshop):
     first = overlays.secret_values(workshop)
-    overlays.render(4, "ws", out_dir=workshop)
+    render(4, "ws", out_dir=workshop)
     assert first < overlays.secret_values(workshop)
     assert len(overlays.secret_values(workshop)) == 8
 
@@ -120,13 +130,13 @@ def test_the_built_overlay_annotates_the_namespace_and_nothing_else(workshop):
 
 def test_rendering_fewer_participants_removes_the_stale_overlays_and_reports_them(workshop):
     tokens = {ns: (workshop / ns / overlays.SECRETS_DIR / "notebook-token").read_text() for ns in ("ws-01", "ws-02")}
-    rendered = overlays.render(2, "ws", out_dir=workshop)
+    rendered = render(2, "ws", out_dir=workshop)
     assert rendered.removed == ["ws-03"] and rendered.kept == []
     assert not (workshop / "ws-03").exists()
     assert [d.name for d in rendered.overlays] == ["ws-01", "ws-02"]
     assert {ns: (workshop / ns / overlays.SECRETS_DIR / "notebook-token").read_text() for ns in tokens} == tokens
     assert overlays.load_workshop(workshop).namespaces() == ["ws-01", "ws-02"]
-    assert overlays.render(2, "ws", out_dir=workshop).removed == []  # nothing stale the second time
+    assert render(2, "ws", out_dir=workshop).removed == []  # nothing stale the second time
 
 
 def test_rendering_fewer_participants_leaves_files_it_did_not_write(workshop):
@@ -134,7 +144,7 @@ def test_rendering_fewer_participants_leaves_files_it_did_not_write(workshop):
     (workshop / "ws-03" / "extra.yaml").write_text("kind: ConfigMap\n")
     (workshop / "ws-03" / overlays.SECRETS_DIR / "mine").write_text("keep")
     (workshop / "ws-02" / "also-mine.txt").write_text("keep")
-    rendered = overlays.render(1, "ws", out_dir=workshop)
+    rendered = render(1, "ws", out_dir=workshop)
     assert rendered.removed == ["ws-02", "ws-03"]
     assert rendered.kept == [workshop / "ws-02" / "also-mine.txt", workshop / "ws-03" / overlays.SECRETS_DIR / "mine",
                              workshop / "ws-03" / "extra.yaml"]
@@ -149,7 +159,7 @@ def test_an_overlay_written_before_the_marker_is_recognised_by_the_old_workshop_
     (workshop / "ws-03" / overlays.OVERLAY_MARKER).unlink()  # as a render of an older version left it
     (workshop / "ws-09").mkdir()  # neither marked nor in workshop.json: not ours
     (workshop / "ws-09" / "kustomization.yaml").write_text("resources: []\n")
-    assert overlays.render(2, "ws", out_dir=workshop).removed == ["ws-03"]
+    assert render(2, "ws", out_dir=workshop).removed == ["ws-03"]
     assert not (workshop / "ws-03").exists()
     assert (workshop / "ws-09" / "kustomization.yaml").read_text() == "resources: []\n"
 
@@ -159,24 +169,24 @@ def test_render_refuses_an_out_dir_it_did_not_write_or_of_another_workshop(tmp_p
     foreign.mkdir()
     (foreign / ".gitignore").write_text("mine\n")
     with pytest.raises(kubectl.ProvisionError, match="not empty and has no workshop.json.*new or empty directory"):
-        overlays.render(2, "ws", out_dir=foreign)
+        render(2, "ws", out_dir=foreign)
     assert [p.name for p in foreign.iterdir()] == [".gitignore"] and (foreign / ".gitignore").read_text() == "mine\n"
 
     before = sorted(p for p in workshop.rglob("*"))
     with pytest.raises(kubectl.ProvisionError, match="holds workshop 'ws'.*into another --out"):
-        overlays.render(2, "lab", out_dir=workshop)
+        render(2, "lab", out_dir=workshop)
     assert sorted(p for p in workshop.rglob("*")) == before
 
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(kubectl.ProvisionError, match="is a file"):
-        overlays.render(1, "ws", out_dir=tmp_path / "a-file")
+        render(1, "ws", out_dir=tmp_path / "a-file")
     (workshop / overlays.SETTINGS_FILE).write_text("{not json")
     with pytest.raises(kubectl.ProvisionError, match="not a workshop.json"):
-        overlays.render(1, "ws", out_dir=workshop)
+        render(1, "ws", out_dir=workshop)
 
 
 def test_render_without_api_key_writes_no_engine_key(tmp_path):
-    overlays.render(1, "ws", out_dir=tmp_path, api_key=False)
+    render(1, "ws", out_dir=tmp_path, api_key=False)
     assert not (tmp_path / "ws-01" / overlays.SECRETS_DIR / "vllm-api-key").exists()
     assert "vllm-api-key" not in (tmp_path / "ws-01" / "kustomization.yaml").read_text()
 
@@ -195,12 +205,12 @@ def test_render_without_api_key_writes_no_engine_key(tmp_path):
 def test_render_refuses_settings_that_cannot_work(tmp_path, kwargs, message):
     settings = {"participants": 2, "prefix": "ws", "out_dir": tmp_path, **kwargs}
     with pytest.raises(kubectl.ProvisionError, match=message):
-        overlays.render(**settings)
+        render(**settings)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_the_moe_model_fits_an_h100_and_pulls_in_the_moe_component(tmp_path):
-    overlays.render(1, "ws", model=overlays.MOE_MODEL, gpu_type="h100", out_dir=tmp_path)
+    render(1, "ws", model=overlays.MOE_MODEL, gpu_type="h100", out_dir=tmp_path)
     text = (tmp_path / "ws-01" / "kustomization.yaml").read_text()
     assert "components/with-moe" in text and "components/gpu-h100" in text
     assert f"MODEL_NAME={overlays.MOE_MODEL}" in text
@@ -208,12 +218,12 @@ def test_the_moe_model_fits_an_h100_and_pulls_in_the_moe_component(tmp_path):
 
 # ---------------------------------------------------------------- kubectl through the fake runner
 
-def test_apply_runs_one_server_side_apply_per_participant(workshop):
+def test_apply_runs_one_server_side_apply_per_participant_after_the_rooms_download(workshop):
     fake = FakeKubectl({("apply",): "namespace/x serverside-applied\nservice/y serverside-applied\n"})
     lines = namespaces.apply(workshop, runner=fake)
-    assert [c[-1] for c in fake.calls] == [str(workshop / ns) for ns in ("ws-01", "ws-02", "ws-03")]
+    assert [c[-1] for c in fake.calls] == [str(workshop / ns) for ns in ("ws-models", "ws-01", "ws-02", "ws-03")]
     assert all(c[:2] == ["apply", "--server-side"] and "--force-conflicts" in c for c in fake.calls)
-    assert lines[0] == "ws-01: 2 objects applied"
+    assert lines[1] == "ws-01: 2 objects applied"
 
 
 def test_teardown_deletes_only_labelled_and_annotated_namespaces_of_the_prefix():
@@ -225,8 +235,16 @@ def test_teardown_deletes_only_labelled_and_annotated_namespaces_of_the_prefix()
     assert fake.calls == [["get", "namespaces", "-l", "app.kubernetes.io/managed-by=workshop-provision", "-o", "json"]]
 
     namespaces.teardown(prefix="ws", yes=True, runner=fake)
-    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
-    assert len([c for c in fake.calls if c[0] == "delete"]) == 1
+    assert fake.calls[-2] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
+    # then the workshop's PersistentVolumes (cluster-wide), by its labels; the models on the export stay
+    assert fake.calls[-1] == ["delete", "persistentvolume", "-l", namespaces.managed_selector("ws"), "--wait=false"]
+    assert len([c for c in fake.calls if c[0] == "delete"]) == 2
+
+
+def test_teardown_takes_the_rooms_download_namespace_of_the_prefix_too():
+    plan = namespaces.teardown(prefix="ws", runner=namespaces_answer(namespace("ws-01"), namespace("ws-models"),
+                                                                     namespace("lab-models", prefix="lab")))
+    assert plan.delete == ["ws-01", "ws-models"] and "lab-models" in plan.skipped
 
 
 @pytest.mark.parametrize("name", ["kube-foo", "kube-system", "openshift-x", "openshift", "default"])
@@ -243,7 +261,7 @@ def test_teardown_leaves_a_labelled_but_unannotated_namespace():
     plan = namespaces.teardown(prefix="ws", yes=True, runner=fake)
     assert plan.delete == ["ws-02"]
     assert "without the annotation workshop/provisioned-by=workshop-provision" in plan.skipped["ws-01"]
-    assert fake.calls[-1] == ["delete", "namespace", "ws-02", "--wait=false"]
+    assert fake.calls[-2] == ["delete", "namespace", "ws-02", "--wait=false"]
 
 
 def test_teardown_leaves_other_prefixes_and_names_that_do_not_match_their_label():
@@ -257,7 +275,7 @@ def test_teardown_leaves_other_prefixes_and_names_that_do_not_match_their_label(
     wrong_name = "its name is not <prefix>-NN for its label workshop/prefix=ws"
     assert plan.skipped["ws-prod"] == plan.skipped["ws-001"] == wrong_name
     assert plan.skipped["team-prod"] == "not labelled app.kubernetes.io/managed-by=workshop-provision"
-    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "--wait=false"]
+    assert fake.calls[-2] == ["delete", "namespace", "ws-01", "--wait=false"]
 
 
 def test_teardown_without_prefix_lists_the_workshops_and_refuses_to_delete():
@@ -359,7 +377,7 @@ def test_cards_csv_and_html_hold_the_tokens_with_mode_600(workshop, tmp_path):
 
 
 def test_cards_use_the_ingress_host_when_a_domain_was_given(tmp_path):
-    overlays.render(2, "lab", out_dir=tmp_path, domain="gpu.example.org")
+    render(2, "lab", out_dir=tmp_path, domain="gpu.example.org")
     issued = cards.access_cards(tmp_path)
     assert [c.url for c in issued] == ["https://lab-01.gpu.example.org/lab", "https://lab-02.gpu.example.org/lab"]
     assert issued[0].token not in repr(issued[0])  # a card printed in a log shows no token
@@ -369,7 +387,7 @@ def test_cards_use_the_ingress_host_when_a_domain_was_given(tmp_path):
 
 def test_cli_dry_run_and_cards_print_no_secret(tmp_path, capsys):
     out = tmp_path / "w"
-    assert main(["provision", "--participants", "2", "--dry-run", "--out", str(out)]) == 0
+    assert main(["provision", *ROOM_FLAGS, "--participants", "2", "--dry-run", "--out", str(out)]) == 0
     assert main(["cards", "--workshop-dir", str(out), "--format", "html"]) == 0
     printed = capsys.readouterr()
     assert "kubectl apply --server-side" in printed.out and "wrote 2 cards" in printed.out
@@ -388,7 +406,7 @@ def test_cli_errors_exit_2_with_one_line_and_no_traceback(tmp_path, capsys, monk
     assert main(["teardown"]) == 2
     assert "kubectl is not installed" in capsys.readouterr().err
 
-    assert main(["provision", "--participants", "2", "--gpu-type", "l4", "--model", overlays.MOE_MODEL,
+    assert main(["provision", *ROOM_FLAGS, "--participants", "2", "--gpu-type", "l4", "--model", overlays.MOE_MODEL,
                  "--dry-run", "--out", str(tmp_path / "x")]) == 2
     assert "needs about 65 GB" in capsys.readouterr().err
     assert main(["cards", "--workshop-dir", str(tmp_path / "nothing")]) == 2
@@ -406,7 +424,7 @@ def test_cli_teardown_lists_what_stays_and_why_before_it_deletes(monkeypatch, ca
     assert "leaving ws-03: labelled, but without the annotation" in out
     assert not [c for c in fake.calls if c[0] == "delete"]
     assert main(["teardown", "--prefix", "ws", "--yes"]) == 0
-    assert fake.calls[-1] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
+    assert fake.calls[-2] == ["delete", "namespace", "ws-01", "ws-02", "--wait=false"]
 
 
 def test_cli_teardown_without_prefix_names_the_workshops_and_refuses_yes(monkeypatch, capsys):
@@ -424,13 +442,13 @@ def test_cli_teardown_without_prefix_names_the_workshops_and_refuses_yes(monkeyp
 
 def test_cli_provision_reports_the_overlays_it_removed_and_the_files_it_kept(tmp_path, capsys):
     out = tmp_path / "w"
-    assert main(["provision", "--participants", "3", "--dry-run", "--out", str(out)]) == 0
+    assert main(["provision", *ROOM_FLAGS, "--participants", "3", "--dry-run", "--out", str(out)]) == 0
     (out / "ws-03" / "notes.txt").write_text("mine")
-    assert main(["provision", "--participants", "1", "--dry-run", "--out", str(out)]) == 0
+    assert main(["provision", *ROOM_FLAGS, "--participants", "1", "--dry-run", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "removed 2 overlays this workshop no longer has, with their tokens: ws-02 ws-03" in printed
     assert f"kept {out / 'ws-03' / 'notes.txt'}: not written by workshop provision" in printed
-    assert main(["provision", "--participants", "1", "--prefix", "lab", "--dry-run", "--out", str(out)]) == 2
+    assert main(["provision", *ROOM_FLAGS, "--participants", "1", "--prefix", "lab", "--dry-run", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out") and "holds workshop 'ws'" in err and "Traceback" not in err
 
@@ -440,5 +458,20 @@ def test_cli_status_prints_a_table(monkeypatch, capsys):
     monkeypatch.setattr(kubectl, "run_kubectl", FakeKubectl({("get", "pods"): pods}))
     assert main(["cluster-status", "--prefix", "ws"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["namespace", "engine", "notebook", "restarts", "node"]
+    assert out[0].startswith("model download (ws-models")  # the room's download first (tests/test_cluster_status.py)
+    assert out[1].split() == ["namespace", "engine", "notebook", "restarts", "node"]
     assert out[-1] == "1/3 participants ready"
+
+
+def test_status_rows_are_the_participants_and_an_engine_waiting_for_the_rooms_download_says_so():
+    def pod(ns: str, app: str, init: str | None = None) -> dict:
+        status = {"phase": "Pending", "containerStatuses": [{"ready": False, "state": {"waiting": {
+            "reason": "PodInitializing"}}}]}
+        if init:
+            status["initContainerStatuses"] = [{"name": init, "state": {"running": {}}}]
+        return {"kind": "Pod", "metadata": {"namespace": ns, "labels": {"app.kubernetes.io/name": app},
+                                            "creationTimestamp": "2026-12-01T10:00:00Z"}, "spec": {}, "status": status}
+
+    rows = namespaces.parse_status({"items": [pod("ws-models", "model-download"), pod("ws-01", "vllm", "wait-for-models"),
+                                              pod("demo", "vllm", "predownload")]})
+    assert [(r.namespace, r.engine) for r in rows] == [("demo", "downloading models"), ("ws-01", "waiting for models")]

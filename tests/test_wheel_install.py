@@ -118,11 +118,12 @@ def test_help_lists_every_subcommand(installed):
 
 
 def test_provision_dry_run_renders_overlays_on_the_manifests_in_the_wheel(installed):
-    done = installed.workshop("provision", "--participants", "2", "--dry-run", "--out", "workshop")
+    done = installed.workshop("provision", "--participants", "2", "--dry-run", "--out", "workshop",
+                              "--model-nfs", "10.0.0.5:/workshop-models", "--kube-api", "10.0.0.2/32:6443")
     assert done.returncode == 0, done.stderr
     assert "rendered 2 overlays in workshop (ws-01 ... ws-02)" in done.stdout and "kubectl apply" in done.stdout
     overlay = installed.work / "workshop" / "ws-01"
-    [base] = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"]
+    base = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"][0]
     assert (overlay / base).resolve() == installed.site_packages / "helpers" / "kit" / "k8s" / "base"
     assert (overlay / base / "vllm.yaml").is_file()
     if shutil.which("kubectl") is None:

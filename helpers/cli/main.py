@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES = {
     "helpers.cli.bench": ("bench", "metrics"),
     "helpers.cli.planner": ("memory", "gpus"),
     "helpers.cli.provision": ("provision", "cluster-status", "cards", "reset", "teardown"),
+    "helpers.cli.cluster_day": ("rehearse", "gpu-share"),  # the dress rehearsal; GPUs shared by plan
     "helpers.cli.eval": ("eval",),
     "helpers.cli.routing": ("routing",),  # replicas behind the router
 }

@@ -11,8 +11,10 @@ import argparse
 import sys
 from typing import Callable
 
-from helpers.cluster import cards, namespaces, overlays
+from helpers.cluster import cards, namespaces, overlays, room
 from helpers.cluster.kubectl import ProvisionError
+from helpers.core.errors import WorkshopError
+from helpers.planning import gpu_share
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -47,10 +49,17 @@ def cmd_provision(args: argparse.Namespace) -> int:
     rendered = overlays.render(args.participants, args.prefix, args.model, args.gpu_type, args.out,
                                with_moe=args.with_moe, domain=args.domain,
                                node_selector=_node_selector(args.node_selector), api_key=not args.no_api_key,
-                               notebook_image=args.notebook_image, engine_image=args.engine_image)
+                               notebook_image=args.notebook_image, engine_image=args.engine_image,
+                               model_nfs=args.model_nfs or "", kube_api=args.kube_api, egress_allow=args.egress_allow,
+                               egress_internet=args.egress_internet, ingress_class=args.ingress_class,
+                               monitoring_namespace=args.monitoring_namespace,
+                               ingress_namespace=args.ingress_namespace, gpu_share=args.gpu_share)
     dirs = rendered.overlays
     print(f"rendered {len(dirs)} overlays in {args.out} ({dirs[0].name} ... {dirs[-1].name}); "
           f"secrets kept in <overlay>/{overlays.SECRETS_DIR}/ (mode 600)")
+    print(f"one download for the room: Job {room.DOWNLOAD_JOB} in {room.models_namespace(args.prefix)} writes "
+          f"{args.model_nfs}; every participant mounts it read-only")
+    _print_gpu_share(args)
     if args.notebook_image is None:
         print(f"note: the notebooks run {overlays.BASE_NOTEBOOK_IMAGE}, which has neither the helpers nor the "
               "notebooks: build the workshop's image (make image IMAGE=registry/name:tag), push it, and pass "
@@ -64,7 +73,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         print(f"kept {path}: not written by workshop provision")
     if args.dry_run:
         print("dry run: nothing applied. To apply: workshop provision (same flags) without --dry-run, or")
-        for d in dirs:
+        for d in [rendered.room, *dirs]:
             print("  kubectl " + " ".join(namespaces.apply_command(d)))
         return 0
     for line in namespaces.apply(args.out):
@@ -73,8 +82,34 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_gpu_share(args: argparse.Namespace) -> None:
+    """What one participant's GPU share renders; the planner's verdict and the day's cost beside one GPU each."""
+    gpu = overlays.GPU_PROFILES[args.gpu_type].gpu
+    share = room.parse_gpu_share(args.gpu_share, gpu)
+    if share.sharers > 1:
+        print(f"GPU share {share.spec}: each engine requests {share.resource} on a time-sliced {gpu} and gets "
+              f"--gpu-memory-utilization {room.gpu_memory_utilization(share, overlays.GPU_MEMORY_UTILIZATION)} "
+              "(time-slicing shares memory without isolation)")
+    elif share.resource != "nvidia.com/gpu":
+        print(f"GPU share {share.spec}: each engine requests {share.resource} (quota: one slice, no whole GPU)")
+    if share.spec == "none":
+        return
+    print(f"planner: {room.check_share(args.model, share, gpu).sentence}")
+    try:
+        print(f"cost: {gpu_share.day_cost(share.spec, gpu, args.participants, args.day_hours).sentence}")
+    except WorkshopError as err:  # no price for this GPU in the kit's table
+        print(f"cost: not computed ({err})")
+    note = gpu_share.whole_gpu_lessons_note(share.spec, gpu)
+    if note:
+        print(f"lessons: {note}")
+
+
 def cmd_cluster_status(args: argparse.Namespace) -> int:
-    """One line per participant: engine and notebook state, engine restarts, node."""
+    """The room's model download, then one line per participant: engine and notebook state, restarts, node."""
+    from helpers.cluster.status import download_progress
+
+    for download in download_progress(args.prefix):
+        print(download.sentence)
     rows = namespaces.status(args.prefix)
     if not rows:
         print("no provisioned pods found (label " + namespaces.managed_selector(args.prefix) + ")")
@@ -149,6 +184,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the participants' JupyterLab image, registry/name:tag (built by make image; k8s/README.md)")
     p.add_argument("--engine-image", default=None, metavar="IMAGE",
                    help=f"the engine's image instead of the pinned {overlays.BASE_ENGINE_IMAGE} (e.g. a mirror)")
+    p.add_argument("--model-nfs", default=None, metavar="SERVER:/PATH",
+                   help="NFS export for the room's one copy of the models (written by the instructor's namespace "
+                        "only, mounted read-only by every participant; needs no storage class)")
+    p.add_argument("--kube-api", action="append", default=[], metavar="ADDRESS/32:PORT",
+                   help="the API server's endpoints the notebooks may reach (kubectl get endpointslices -n default "
+                        "-l kubernetes.io/service-name=kubernetes); repeatable; 'none' keeps the API closed")
+    p.add_argument("--egress-allow", action="append", default=[], metavar="CIDR[:PORT]",
+                   help="open egress from every participant pod to this range, e.g. a package mirror (repeatable)")
+    p.add_argument("--egress-internet", action="store_true",
+                   help="open HTTPS/HTTP to public addresses (pip installs); never private or link-local ones")
+    p.add_argument("--ingress-class", default="nginx", help="the Ingress' ingressClassName (default nginx)")
+    p.add_argument("--ingress-namespace", default="ingress-nginx",
+                   help="namespace of the ingress controller, let through to JupyterLab (default ingress-nginx)")
+    p.add_argument("--monitoring-namespace", default="monitoring",
+                   help="namespace of Prometheus, let through to the engines' metrics (default monitoring)")
+    p.add_argument("--gpu-share", default="none", metavar="none|mig-PROFILE|time-slicing:N",
+                   help="one whole GPU per participant (none), a MIG slice (e.g. mig-2g.20gb), or 1/N of a "
+                        "time-sliced GPU")
+    p.add_argument("--day-hours", type=float, default=8.0,
+                   help="hours of GPU rental for the day, for the cost printed with --gpu-share (default 8)")
     p.add_argument("--dry-run", action="store_true", help="render only; print the kubectl commands")
     p.add_argument("--out", default=str(overlays.DEFAULT_OUT_DIR), help="output directory (default %(default)s)")
     p.set_defaults(func=_guarded(cmd_provision))

@@ -2,7 +2,8 @@
 participant, tear a workshop down.
 
 ``teardown`` deletes a namespace only when it carries the label and the annotation, is named
-``<prefix>-NN`` for the ``--prefix`` given, and is no system namespace (``SYSTEM_NAMESPACES``).
+``<prefix>-NN`` (or ``<prefix>-models``, the room's download) for the ``--prefix`` given, and is no system
+namespace (``SYSTEM_NAMESPACES``); then the workshop's PersistentVolumes (the models on the NFS export stay).
 Every function builds a kubectl command and runs it through one ``runner`` (``run_kubectl`` when None;
 tests pass a recorded fake). The overlays and their settings come from ``helpers.cluster.overlays``.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from helpers.cluster import room
 from helpers.cluster.kubectl import ProvisionError, Runner, kubectl
 from helpers.cluster.overlays import (DEFAULT_OUT_DIR, DNS_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PREFIX_LABEL,
                                       PROVISIONED_ANNOTATION, SYSTEM_NAMESPACES, is_system_namespace, load_workshop)
@@ -29,13 +31,15 @@ def apply_command(overlay_dir: Path | str) -> list[str]:
 
 def apply(out_dir: Path | str = DEFAULT_OUT_DIR, runner: Runner | None = None,
           namespaces: Iterable[str] | None = None) -> list[str]:
-    """Apply the overlays under ``out_dir`` (all, or the given namespaces); return kubectl's summaries."""
+    """Apply the overlays under ``out_dir`` (all, the room's download first, or the given namespaces);
+    return kubectl's summaries."""
     ws = load_workshop(out_dir)
-    wanted = list(namespaces) if namespaces is not None else ws.namespaces()
-    unknown = [ns for ns in wanted if ns not in ws.namespaces()]
+    known = [room.models_namespace(ws.prefix), *ws.namespaces()]
+    wanted = list(namespaces) if namespaces is not None else known
+    unknown = [ns for ns in wanted if ns not in known]
     if unknown:
         raise ProvisionError(f"{', '.join(unknown)} not provisioned in {out_dir}: "
-                             f"known are {', '.join(ws.namespaces())}")
+                             f"known are {', '.join(known)}")
     summaries = []
     for ns in wanted:
         out = kubectl(apply_command(Path(out_dir) / ns), runner)
@@ -76,7 +80,7 @@ def _skip_reason(namespace: Mapping[str, Any], prefix: str | None) -> tuple[str 
                 "`workshop provision` sets (provisioned before it existed? run `workshop provision` again with "
                 "the same flags)"), None
     own = labels.get(PREFIX_LABEL, "")
-    if not own or not re.fullmatch(re.escape(own) + r"-\d{2}", name):
+    if not own or not re.fullmatch(re.escape(own) + rf"-(\d{{2}}|{room.MODELS_SUFFIX})", name):
         return f"its name is not <prefix>-NN for its label {PREFIX_LABEL}={own}", None
     if prefix is None:
         return f"no --prefix given (workshop {own!r}: --prefix {own})", own
@@ -110,6 +114,9 @@ def teardown(prefix: str | None = None, yes: bool = False, runner: Runner | None
     delete.sort()
     if yes and delete:
         kubectl(["delete", "namespace", *delete, "--wait=false"], runner)
+        # The claims go with their namespaces; their PersistentVolumes (cluster-wide, Retain) are the workshop's
+        # too. Deleting them leaves the models on the NFS export for the next workshop.
+        kubectl(["delete", "persistentvolume", "-l", managed_selector(prefix), "--wait=false"], runner)
     return TeardownPlan(prefix, delete, dict(sorted(skipped.items())), sorted(workshops))
 
 
@@ -149,8 +156,8 @@ def _pod_state(pod: Mapping[str, Any]) -> str:
             return f"unschedulable: {cond.get('message', cond.get('reason', ''))[:60]}"
     for init in status.get("initContainerStatuses", []):
         state = init.get("state", {})
-        if "running" in state:
-            return "downloading models"
+        if "running" in state:  # wait-for-models: the room's download is not complete yet
+            return "waiting for models" if init.get("name") == "wait-for-models" else "downloading models"
         waiting = state.get("waiting")
         if waiting:
             return f"init: {waiting.get('reason', 'waiting')}"
@@ -181,6 +188,8 @@ def parse_status(listing: Mapping[str, Any]) -> list[ParticipantStatus]:
     rows = []
     for ns in sorted(pods):
         engine, notebook = pods[ns].get("vllm"), pods[ns].get("notebook")
+        if engine is None and notebook is None:
+            continue  # the room's download namespace: no participant there
         restarts = sum(c.get("restartCount", 0) for c in (engine or {}).get("status", {}).get("containerStatuses", []))
         rows.append(ParticipantStatus(
             namespace=ns,

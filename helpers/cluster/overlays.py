@@ -2,9 +2,10 @@
 
 ``render`` writes one kustomize overlay per participant on top of ``k8s/base`` (namespace
 ``<prefix>-<NN>``, the labels below, the provisioning annotation on the Namespace, the model, the
-GPU sizing) and keeps each participant's secrets (notebook token, engine API key) in
-``<overlay>/.secrets/``, mode 600, reused on the next run: rendering twice gives byte-identical
-files. Each overlay holds a marker file; rendering fewer participants into the same directory
+GPU sizing and share, the read-only view of the room's models, the egress fences) and one for the room,
+``<prefix>-models`` (k8s/models: the workshop's one download; ``helpers.cluster.room``). It keeps each
+participant's secrets (notebook token, engine API key) in ``<overlay>/.secrets/``, mode 600, reused on the
+next run: rendering twice gives byte-identical files. Each overlay holds a marker file; rendering fewer participants into the same directory
 removes the files it wrote in the overlays no longer needed and nothing else. Nothing here runs
 kubectl: ``helpers.cluster.namespaces`` applies the overlays, ``helpers.cluster.cards`` hands out the tokens.
 """
@@ -23,6 +24,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from helpers.cluster import room
 from helpers.cluster.kubectl import ProvisionError
 from helpers.core import kit_paths
 from helpers.hardware.gpus import get_gpu
@@ -32,7 +34,9 @@ DEFAULT_OUT_DIR = Path("build") / "workshop"
 SETTINGS_FILE = "workshop.json"
 SECRETS_DIR = ".secrets"
 OVERLAY_MARKER = ".workshop-overlay"  # in every overlay render wrote: what a later render may clean up
-OVERLAY_FILES = ("kustomization.yaml", "kubeconfig", OVERLAY_MARKER,
+MODEL_VOLUME_FILE = "model-volume.yaml"  # the overlay's PersistentVolume onto the room's NFS export
+EGRESS_FILE = "egress.yaml"  # the overlay's NetworkPolicies: the Kubernetes API and the instructor's opt-ins
+OVERLAY_FILES = ("kustomization.yaml", "kubeconfig", OVERLAY_MARKER, MODEL_VOLUME_FILE, EGRESS_FILE,
                  f"{SECRETS_DIR}/notebook-token", f"{SECRETS_DIR}/vllm-api-key")  # all that render writes there
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -57,6 +61,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
     "l4": GpuProfile("l4", "L4", None),
     "a100": GpuProfile("a100", "A100 40GB SXM", "gpu-a100"),  # the 40 GB one: the conservative choice
     "h100": GpuProfile("h100", "H100 SXM", "gpu-h100"),
+    "a100-80gb": GpuProfile("a100-80gb", "A100 80GB SXM", "gpu-a100"),  # the one with MIG slices of 10-80 GB
 }
 
 
@@ -96,6 +101,14 @@ class Workshop:
     api_key: bool = True
     notebook_image: str | None = None  # None: the base's image (BASE_NOTEBOOK_IMAGE)
     engine_image: str | None = None  # None: the base's pinned vLLM image (BASE_ENGINE_IMAGE)
+    model_nfs: str = ""  # SERVER:/PATH, the NFS export of the room's one copy of the models
+    kube_api: list[str] = field(default_factory=list)  # CIDR:PORT of the API server's endpoints; ["none"]: closed
+    egress_allow: list[str] = field(default_factory=list)  # CIDR[:PORT] the instructor opens to every pod
+    egress_internet: bool = False  # HTTPS/HTTP to public addresses (pip installs), never private or link-local
+    ingress_class: str = "nginx"
+    monitoring_namespace: str = "monitoring"
+    ingress_namespace: str = "ingress-nginx"
+    gpu_share: str = "none"  # none, mig-PROFILE, time-slicing:N
 
     def namespaces(self) -> list[str]:
         """The participants' namespace names, in order."""
@@ -137,6 +150,24 @@ def validate(ws: Workshop) -> None:
         image_override(BASE_NOTEBOOK_IMAGE, ws.notebook_image, "--notebook-image")
     if ws.engine_image is not None:
         image_override(BASE_ENGINE_IMAGE, ws.engine_image, "--engine-image")
+    if not ws.model_nfs:
+        raise ProvisionError("--model-nfs SERVER:/PATH is needed: the NFS export that holds the room's one copy "
+                             "of the models, downloaded once by the instructor's namespace and mounted read-only "
+                             "by every participant (k8s/README.md, 'One download for the room')")
+    room.parse_nfs(ws.model_nfs)
+    if not ws.kube_api:
+        raise ProvisionError("--kube-api ADDRESS/32:PORT is needed: the API server's endpoints, which the notebooks "
+                             "call to change engine flags (a NetworkPolicy cannot name the API server). Find them "
+                             "with `kubectl get endpointslices -n default -l kubernetes.io/service-name=kubernetes`; "
+                             "--kube-api none leaves the API closed (the labs that change flags then fail)")
+    room.egress_policies([] if ws.kube_api == ["none"] else ws.kube_api, ws.egress_allow, ws.egress_internet)
+    for flag, name in (("--monitoring-namespace", ws.monitoring_namespace),
+                       ("--ingress-namespace", ws.ingress_namespace), ("--ingress-class", ws.ingress_class)):
+        if not DNS_LABEL.match(name) or len(name) > 63:
+            raise ProvisionError(f"{flag} {name!r} must be a lowercase DNS label, e.g. {flag} monitoring")
+    share = room.parse_gpu_share(ws.gpu_share, GPU_PROFILES[ws.gpu_type].gpu)
+    if share.spec != "none":  # a whole GPU: the check above
+        room.check_share(ws.model, share, GPU_PROFILES[ws.gpu_type].gpu)
 
 
 BASE_NOTEBOOK_IMAGE = "quay.io/jupyter/minimal-notebook"  # image names in k8s/base (tags in its kustomization.yaml)
@@ -149,10 +180,12 @@ _IMAGE_REF = re.compile(r"^(?P<name>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+(?=/))
 def image_override(base_name: str, ref: str, flag: str) -> dict[str, str]:
     """A kustomize ``images:`` entry that makes ``base_name`` run ``ref`` (registry/name:tag or name@sha256:...)."""
     match = _IMAGE_REF.match(ref)
-    if match is None or not (match["tag"] or match["digest"]):
+    if match is None or not (match["tag"] or match["digest"]) or (match["tag"] == "latest" and not match["digest"]):
         raise ProvisionError(f"{flag} {ref!r} is not a pinned image reference: give registry/name:tag or "
                              "registry/name@sha256:<digest>, e.g. ghcr.io/acme/workshop-notebook:2026-09-01 "
-                             "(the image `make image IMAGE=...` built and pushed)")
+                             "(the image `make image IMAGE=...` built and pushed). A mutable tag such as "
+                             ":latest is refused: pods pull only when the image is absent (IfNotPresent), so "
+                             "nodes would run whichever :latest each one pulled first")
     entry = {"name": base_name, "newName": match["name"]}
     if match["tag"]:
         entry["newTag"] = match["tag"]
@@ -201,7 +234,9 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    # Quoted when a YAML 1.2 reader (kustomize's) could take it for a number: PyYAML (YAML 1.1) writes "08" and
+    # "09" plain, as they are no octal numbers to it, and kustomize then reads the label value 8 and refuses it.
+    style = "|" if "\n" in value else ("'" if re.fullmatch(r"[-+.0-9][-+._0-9a-fA-FxXoOeE:]*", value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
@@ -212,16 +247,23 @@ def _dump(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def _check_base_engine_args() -> None:
-    """Fail unless the vLLM container's args in k8s/base start with --model M --served-model-name M."""
+def _base_engine_args() -> list[str]:
+    """The vLLM container's args in k8s/base; fail unless they start with --model M --served-model-name M."""
     if not (K8S_DIR / "base" / "vllm.yaml").is_file():
         raise ProvisionError(kit_paths.missing_kit_message("k8s", K8S_DIR))
     docs = list(yaml.safe_load_all((K8S_DIR / "base" / "vllm.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    if args[0] != "--model" or args[2] != "--served-model-name":
+    if args[0] != "--model" or args[2] != "--served-model-name" or "--gpu-memory-utilization" not in args:
         raise ProvisionError("k8s/base/vllm.yaml: the vllm container's args must start with "
-                             "--model M --served-model-name M (provisioning replaces items 1 and 3)")
+                             "--model M --served-model-name M (provisioning replaces items 1 and 3) and hold "
+                             "--gpu-memory-utilization (a time-sliced GPU share divides it)")
+    return [str(a) for a in args]
+
+
+def model_cache_size(ws: Workshop) -> str:
+    """The size of the room's model volume: what k8s/components/with-moe asks for when the MoE model is in."""
+    return "120Gi" if ws.with_moe or ws.model == MOE_MODEL else "50Gi"
 
 
 def kubeconfig_text(namespace: str) -> str:
@@ -236,7 +278,7 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     """The kustomization (as a dict) of participant ``number``, with paths relative to ``overlay_dir``."""
     ns = namespace_name(ws.prefix, number)
     rel = Path(os.path.relpath(K8S_DIR, overlay_dir.resolve()))
-    components = []
+    components = [str(rel / "components" / "shared-models")]
     if GPU_PROFILES[ws.gpu_type].component:
         components.append(str(rel / "components" / GPU_PROFILES[ws.gpu_type].component))
     if ws.with_moe or ws.model == MOE_MODEL:
@@ -249,15 +291,27 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     if ws.node_selector:
         engine_patch.append({"op": "replace", "path": "/spec/template/spec/nodeSelector",
                              "value": ws.node_selector})
+    share = room.parse_gpu_share(ws.gpu_share, GPU_PROFILES[ws.gpu_type].gpu)
+    share_engine, share_quota = room.gpu_share_patches(share, _base_engine_args(), GPU_MEMORY_UTILIZATION)
+    engine_patch += share_engine
     namespace_patch = {"apiVersion": "v1", "kind": "Namespace",
                        "metadata": {"name": ns, "annotations": {PROVISIONED_ANNOTATION: MANAGED_BY}}}
     patches = [{"target": {"kind": "Namespace"}, "patch": _dump(namespace_patch)},
-               {"target": {"kind": "Deployment", "name": "vllm"}, "patch": _dump(engine_patch)}]
+               {"target": {"kind": "Deployment", "name": "vllm"}, "patch": _dump(engine_patch)},
+               {"target": {"kind": "PersistentVolumeClaim", "name": room.MODEL_CLAIM}, "patch": _dump([
+                   {"op": "replace", "path": "/spec/volumeName", "value": f"{ns}-{room.MODEL_CLAIM}"}])},
+               {"target": {"kind": "NetworkPolicy", "name": "allow-prometheus-to-vllm"},
+                "patch": _dump(room.namespace_peer_patch(0, ws.monitoring_namespace))},
+               {"target": {"kind": "NetworkPolicy", "name": "allow-ingress-controller-to-notebook"},
+                "patch": _dump(room.namespace_peer_patch(0, ws.ingress_namespace))}]
+    if share_quota:
+        patches.append({"target": {"kind": "ResourceQuota", "name": "participant-quota"}, "patch": _dump(share_quota)})
     if ws.domain:
         host = f"{ns}.{ws.domain}"
         patches.append({"target": {"kind": "Ingress", "name": "notebook"}, "patch": _dump([
             {"op": "replace", "path": "/spec/rules/0/host", "value": host},
             {"op": "replace", "path": "/spec/tls/0/hosts/0", "value": host},
+            {"op": "replace", "path": "/spec/ingressClassName", "value": ws.ingress_class},
         ])})
 
     secret_generators = [{"name": "notebook-token", "type": "Opaque", "files": [f"token={SECRETS_DIR}/notebook-token"]}]
@@ -268,7 +322,7 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": ns,
-        "resources": [str(rel / "base")],
+        "resources": [str(rel / "base"), MODEL_VOLUME_FILE] + ([EGRESS_FILE] if _egress(ws) else []),
     }
     if components:
         data["components"] = components
@@ -292,6 +346,46 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
     return data
 
 
+def _egress(ws: Workshop) -> list[dict[str, Any]]:
+    """The overlay's NetworkPolicies beyond the base's: the Kubernetes API and the instructor's opt-ins."""
+    return room.egress_policies([] if ws.kube_api == ["none"] else ws.kube_api, ws.egress_allow, ws.egress_internet)
+
+
+def room_overlay(ws: Workshop, room_dir: Path) -> dict[str, Any]:
+    """The kustomization (as a dict) of the instructor's namespace ``<prefix>-models``: the one download."""
+    ns = room.models_namespace(ws.prefix)
+    rel = Path(os.path.relpath(K8S_DIR, room_dir.resolve()))
+    data: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                            "namespace": ns, "resources": [str(rel / "models"), MODEL_VOLUME_FILE]}
+    if ws.with_moe or ws.model == MOE_MODEL:
+        data["components"] = [str(rel / "components" / "with-moe")]
+    if ws.engine_image:
+        data["images"] = [image_override(BASE_ENGINE_IMAGE, ws.engine_image, "--engine-image")]
+    namespace_patch = {"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": ns, "annotations": {PROVISIONED_ANNOTATION: MANAGED_BY}}}
+    data.update({
+        "labels": [{"pairs": {MANAGED_BY_LABEL: MANAGED_BY, PREFIX_LABEL: ws.prefix},
+                    "includeSelectors": False, "includeTemplates": True}],
+        "patches": [{"target": {"kind": "Namespace"}, "patch": _dump(namespace_patch)},
+                    {"target": {"kind": "PersistentVolumeClaim", "name": room.MODEL_CLAIM}, "patch": _dump([
+                        {"op": "replace", "path": "/spec/volumeName", "value": f"{ns}-{room.MODEL_CLAIM}"}])}],
+    })
+    return data
+
+
+def _write_room(ws: Workshop, out: Path) -> Path:
+    """Write the instructor's overlay ``<prefix>-models``: the download Job and the one writable model volume."""
+    ns = room.models_namespace(ws.prefix)
+    d = out / ns
+    d.mkdir(exist_ok=True)
+    _write(d / OVERLAY_MARKER, "Written by `workshop provision`: the room's one model download.\n")
+    _write(d / MODEL_VOLUME_FILE, _dump(room.model_volume(f"{ns}-{room.MODEL_CLAIM}", ws.model_nfs,
+                                                          model_cache_size(ws), ns, writable=True)))
+    _write(d / "kustomization.yaml", f"# The room of workshop '{ws.prefix}': written by `workshop provision`; "
+                                     "edits are overwritten.\n" + _dump(room_overlay(ws, d)))
+    return d
+
+
 @dataclass(frozen=True)
 class Rendered:
     """What ``render`` did: the overlays it wrote, and what it removed or kept of overlays no longer needed."""
@@ -299,6 +393,7 @@ class Rendered:
     overlays: list[Path]
     removed: list[str] = field(default_factory=list)  # overlay directories cleaned up (their files were ours)
     kept: list[Path] = field(default_factory=list)  # files render did not write, left in those directories
+    room: Path | None = None  # the instructor's overlay <prefix>-models: the one download
 
 
 def _check_out_dir(out: Path, ws: Workshop) -> Workshop | None:
@@ -340,7 +435,10 @@ def _remove_overlay(overlay_dir: Path) -> list[Path]:
 def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", gpu_type: str = "l4",
            out_dir: Path | str = DEFAULT_OUT_DIR, *, with_moe: bool = False, domain: str | None = None,
            node_selector: Mapping[str, str] | None = None, api_key: bool = True,
-           notebook_image: str | None = None, engine_image: str | None = None) -> Rendered:
+           notebook_image: str | None = None, engine_image: str | None = None, model_nfs: str = "",
+           kube_api: list[str] | None = None, egress_allow: list[str] | None = None, egress_internet: bool = False,
+           ingress_class: str = "nginx", monitoring_namespace: str = "monitoring",
+           ingress_namespace: str = "ingress-nginx", gpu_share: str = "none") -> Rendered:
     """Write one kustomize overlay per participant under ``out_dir``; clean up the overlays it no longer needs.
 
     Secrets are created once and reused, so a second run with the same arguments writes the same bytes.
@@ -349,13 +447,17 @@ def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", 
     """
     ws = Workshop(prefix=prefix, participants=participants, model=model, gpu_type=gpu_type, with_moe=with_moe,
                   domain=domain, node_selector=dict(sorted((node_selector or {}).items())), api_key=api_key,
-                  notebook_image=notebook_image, engine_image=engine_image)
+                  notebook_image=notebook_image, engine_image=engine_image, model_nfs=model_nfs,
+                  kube_api=list(kube_api or []), egress_allow=list(egress_allow or []),
+                  egress_internet=egress_internet, ingress_class=ingress_class,
+                  monitoring_namespace=monitoring_namespace, ingress_namespace=ingress_namespace, gpu_share=gpu_share)
+    _base_engine_args()  # the kit's manifests are there, and the model patch's layout holds: fail before writing
     validate(ws)
-    _check_base_engine_args()  # the model patch replaces args 1 and 3: fail before writing if the layout changed
     out = Path(out_dir)
     previous = _check_out_dir(out, ws)
     out.mkdir(parents=True, exist_ok=True)
-    stale = [d for d in _owned_overlays(out, previous) if d.name not in ws.namespaces()]
+    keep = {*ws.namespaces(), room.models_namespace(ws.prefix)}
+    stale = [d for d in _owned_overlays(out, previous) if d.name not in keep]
     _write(out / ".gitignore", f"# participants' tokens and keys: never commit them\n*/{SECRETS_DIR}/\ncards.*\n")
     _write(out / SETTINGS_FILE, json.dumps(asdict(ws), indent=2, sort_keys=True) + "\n")
     dirs = []
@@ -369,12 +471,20 @@ def render(participants: int, prefix: str = "ws", model: str = "Qwen/Qwen3-4B", 
         if api_key:
             _ensure_secret(d / SECRETS_DIR / "vllm-api-key")
         _write(d / "kubeconfig", kubeconfig_text(ns))
+        _write(d / MODEL_VOLUME_FILE, _dump(room.model_volume(f"{ns}-{room.MODEL_CLAIM}", ws.model_nfs,
+                                                              model_cache_size(ws), ns, writable=False)))
+        egress = _egress(ws)
+        if egress:
+            _write(d / EGRESS_FILE, "---\n".join(_dump(policy) for policy in egress))
+        elif (d / EGRESS_FILE).is_file():
+            (d / EGRESS_FILE).unlink()
         header = (f"# Participant {number:02d} of workshop '{prefix}': written by `workshop provision`; "
                   "edits are overwritten.\n")
         _write(d / "kustomization.yaml", header + _dump(overlay(ws, number, d)))
         dirs.append(d)
+    room_dir = _write_room(ws, out)
     kept = [path for d in stale for path in _remove_overlay(d)]
-    return Rendered(dirs, [d.name for d in stale], kept)
+    return Rendered(dirs, [d.name for d in stale], kept, room_dir)
 
 
 def secret_values(out_dir: Path | str) -> set[str]:
