@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from helpers.planning.acceptance import expected_accepted_length, expected_length_table, more_guesses
-from helpers.lessons.l06_speculative import formula_conclusion, length_gain_outcome
+from helpers.lessons.l06 import formula_conclusion, length_gain_outcome
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 
 

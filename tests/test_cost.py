@@ -64,3 +64,16 @@ def test_own_cost_per_output_token_counts_the_busy_time() -> None:
 def test_reasoning_cost_sentence_has_its_numbers() -> None:
     c = cost.conclude_reasoning_cost(cost.reasoning_cost(200, 1500, 0.01, 0.6), "the dense model")
     assert "8.5x slower" in c.text and "2.000 s -> 17.000 s" in c.text
+
+
+def test_cached_prefix_tokens_and_the_cached_price() -> None:
+    assert cost.cached_prefix_tokens([100, 220, 400], [20, 30, 10]) == [0, 120, 250]
+    assert cost.cached_prefix_tokens([100, 220, 400], [20, 30, 10], min_prefix_tokens=200) == [0, 0, 250]
+    assert cost.cached_prefix_tokens([], []) == []
+    with pytest.raises(ValueError, match="one completion count"):
+        cost.cached_prefix_tokens([1, 2], [1])
+    full = cost.api_cost_cached_usd(1_000_000, 0, 0, 0.4, 0.1, 1.6)
+    half = cost.api_cost_cached_usd(1_000_000, 500_000, 0, 0.4, 0.1, 1.6)
+    assert full == pytest.approx(0.4) and half == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="between 0 and prompt_tokens"):
+        cost.api_cost_cached_usd(10, 11, 0, 0.4, 0.1, 1.6)

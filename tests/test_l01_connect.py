@@ -85,3 +85,48 @@ def test_the_tool_tax_outcome_goes_both_ways():
     assert outcome == "more" and "+240 tokens (+60 per tool)" in detail
     assert tool_tax_outcome(20, 20, 4)[0] == "about the same"
     assert tool_tax_outcome(200, 20, 4)[0] == "fewer"
+
+
+# ---------------------------------------------------------------- rent vs own: dated prices, cached input, break-even
+
+from helpers.hardware.gpus import api_price, hourly_price  # noqa: E402
+from helpers.lessons.l01_connect import (conclude_break_even, conclude_cache, engine_price, not_cost_table,  # noqa: E402
+                                         rent_vs_own_costs, runtimes_table)
+
+
+def test_engine_price_comes_from_the_table_or_the_parameter() -> None:
+    usd, source = engine_price("cpu")
+    assert usd == hourly_price("2-vCPU VM").usd_per_hour and "e2-standard-2" in source and "2025" in source
+    assert engine_price("gpu")[0] == hourly_price("H100 SXM").usd_per_hour
+    assert engine_price("cpu", 0.5) == (0.5, "your HOURLY_USD parameter")
+    with pytest.raises(ValueError, match="positive"):
+        engine_price("cpu", 0)
+
+
+def test_cached_input_only_counts_from_the_apis_minimum_prefix() -> None:
+    api = api_price("gpt-4.1-mini")
+    short = rent_vs_own_costs([300, 420, 560], [20, 15, 18], 3.0, api, 0.067, "cpu")
+    assert list(short["cached_prompt_tokens"]) == [0, 0, 0]
+    assert short.usd_per_million_output_tokens.iloc[0] == short.usd_per_million_output_tokens.iloc[1]
+    assert "none of the 1,280 prompt tokens" in conclude_cache(short, 1280, api).text
+    long = rent_vs_own_costs([1500, 1700, 1900], [100, 100, 100], 3.0, api, 0.067, "cpu")
+    assert long["cached_prompt_tokens"].iloc[1] == 1600 + 1800
+    assert long.usd_per_million_output_tokens.iloc[1] < long.usd_per_million_output_tokens.iloc[0]
+    assert "3,400 of the 5,100 prompt tokens" in conclude_cache(long, 5100, api).text
+    assert long.usd_per_million_output_tokens.iloc[2] == pytest.approx(0.067 * 3.0 / 3600 / 300 * 1e6)
+
+
+def test_break_even_flips_with_the_numbers() -> None:
+    never = conclude_break_even(2.0, 3.99, 20.0, "gpu")  # 3.99 USD/h at 20 tok/s: 55 USD per M tokens
+    assert "never pays off" in never.text
+    pays = conclude_break_even(2.0, 3.99, 2000.0, "gpu")  # 0.55 USD per M at full speed
+    assert "busy 28% of the day" in pays.text and "owning is" in pays.text
+
+
+def test_what_is_not_cost_and_the_other_runtimes_have_their_sources() -> None:
+    table = not_cost_table(123.4)
+    assert list(table["not cost"]) == ["data control", "regulation", "service level", "latency"]
+    assert "123 ms" in table.loc[3, "an engine you run"]
+    runtimes = runtimes_table()
+    assert {"SGLang", "TensorRT-LLM", "llama.cpp", "Ollama"} == set(runtimes["runtime"])
+    assert all("." in s for s in runtimes["source"])  # every row names where it was read

@@ -512,3 +512,20 @@ def test_larger_gpus_hold_more_is_judged_on_the_counts():
     assert seen and detail.index("A (20.0 GiB): 2") < detail.index("C (40.0 GiB): 12") < detail.index("B (80.0 GiB): 30")
     assert not larger_gpus_hold_more(rows.assign(conversations_of_8192_tokens=[2, 1, 12]), 8192)[0]
     assert not larger_gpus_hold_more(rows.assign(weights_gib=[7.5, 3.0, 7.5]), 8192)[0]
+
+
+def test_the_hand_count_is_confirmed_or_refuted_by_the_planner():
+    from helpers.lessons.l02_memory import conclude_hand_count
+    from helpers.planning.memory import plan_memory
+
+    config = REFERENCE_CONFIGS / "Qwen3-4B.json"
+    plan = plan_memory(config)
+    L, H, I, V, n_q, n_kv, d = 36, 2560, 9728, 151936, 32, 8, 128  # Qwen3-4B's config.json, tied embeddings
+    by_hand = L * (H * n_q * d + 2 * H * n_kv * d + n_q * d * H + 3 * H * I) + V * H
+    kv = 2 * L * n_kv * d * 2
+    agrees = conclude_hand_count("Qwen3-4B", by_hand, kv, plan)
+    assert agrees.verdict == SHOWN and "+0.005%" in agrees.text and "147,456" in agrees.text
+    assert conclude_hand_count("Qwen3-4B", by_hand, kv * 2, plan).verdict == NOT_SHOWN  # K and V counted twice
+    assert conclude_hand_count("Qwen3-4B", by_hand + V * H, kv, plan).verdict == NOT_SHOWN  # an untied LM head
+    moe = conclude_hand_count("Qwen3-30B-A3B", by_hand, kv, plan_memory(REFERENCE_CONFIGS / "Qwen3-30B-A3B.json"))
+    assert moe.verdict == "" and "not" in moe.text  # the dense formulas do not describe experts: cannot tell

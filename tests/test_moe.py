@@ -99,3 +99,22 @@ def test_experts_share_outcome_bands():
     assert experts_share_outcome(8, 128) == "a few (under 25%)"
     assert experts_share_outcome(64, 128) == "about half (25-75%)"
     assert experts_share_outcome(112, 128) == "most of them (over 75%)"
+
+
+def test_gpu_figures_beside_the_cpu_ones():
+    from helpers.hardware.gpus import get_gpu
+    from helpers.lessons.l04_moe import PUBLISHED_MOE, moe_beside_gpu, moe_roofline_table
+
+    table = moe_roofline_table("Qwen3-4B", "Qwen3-30B-A3B", get_gpu("H100 SXM"), [1, 64, 1024, 1])
+    assert table.batch.tolist() == [1, 64, 1024]
+    same = table["same size, dense_ms_per_token"] / table["Qwen3-30B-A3B_ms_per_token"]
+    assert same.iloc[0] > 5 and 0.9 < same.iloc[1] < 1.1 and same.iloc[2] > 2  # the advantage fades, then returns
+    assert table["same size, dense_bound"].iloc[-1] == "compute"
+    lines = moe_beside_gpu(runs([300, 310], [280, 290], batch=16), "tiny-agent", "tiny-moe", table, "Qwen3-4B",
+                           "Qwen3-30B-A3B", "H100 SXM")
+    assert lines[0].startswith("- This run (measured here, CPU): at batch 16 tiny-moe decodes 285 tok/s")
+    assert "computed, not measured" in lines[1] and lines[2].startswith("- Published, not from this run")
+    assert "arXiv 2405.04434" in PUBLISHED_MOE["source"] and "5.76" in PUBLISHED_MOE["claim"]
+    missing = moe_beside_gpu(runs([300], [], batch=16), "tiny-agent", "tiny-moe", table, "Qwen3-4B",
+                             "Qwen3-30B-A3B", "H100 SXM")
+    assert "no CPU number" in missing[0]

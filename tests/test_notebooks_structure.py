@@ -57,7 +57,7 @@ def test_a_widget_cell_gets_the_short_timeout_and_a_measuring_cell_the_long_one(
 
 LESSON_MODULES = {"01": "helpers.lessons.l01_connect", "02": "helpers.lessons.l02_memory", "03": "helpers.lessons.l03",
                   "04": "helpers.lessons.l04_moe", "05": "helpers.lessons.l05_quantization",
-                  "06": "helpers.lessons.l06_speculative", "07": "helpers.lessons.l07_saturation",
+                  "06": "helpers.lessons.l06", "07": "helpers.lessons.l07_saturation",
                   "08": "helpers.lessons.l08_tuning"}
 
 
@@ -83,5 +83,5 @@ def test_a_notebook_imports_its_own_lesson_module_and_the_session_only(path):
     own = LESSON_MODULES[path.name[:2]]
     assert helper_imports(path) == {own, "helpers.engine.session"}, "import the floors' names through " + own
     readme = (NOTEBOOK_DIR.parent / "helpers" / "README.md").read_text()
-    shown = own.removeprefix("helpers.").replace(".", "/") + ("/" if own.endswith("l03") else ".py")
+    shown = own.removeprefix("helpers.").replace(".", "/") + ("/" if own.endswith(("l03", "l06")) else ".py")
     assert f"`{shown}`" in readme, f"helpers/README.md maps notebook {path.name[:2]} to {shown}"

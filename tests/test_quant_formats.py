@@ -75,6 +75,21 @@ def test_the_map_marks_what_the_run_measured_and_flags_disagreements(monkeypatch
                for d in map_disagreements(again))
 
 
+def test_a_configuration_too_slow_to_measure_reads_not_measured_and_agrees_with_the_probe(monkeypatch):
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "amx")
+    slow = {"online fp8_per_channel": "Served, but it decodes 11.0 tokens/s", "kv-cache fp8": "Served, but slow"}
+    table = quantization_map("cpu", measured=["bf16 (baseline)"], skipped=slow,
+                             too_slow=["online fp8_per_channel", "kv-cache fp8"])
+    run = table.set_index("scheme")["this run"]
+    assert run["KV cache FP8"] == "kv-cache fp8 served, not measured (too slow here)"
+    assert not [d for d in map_disagreements(table) if d.startswith(("KV cache FP8", "FP8 W8A8, dynamic"))]
+    # the same skip for another reason is a disagreement with a probe that said yes
+    table = quantization_map("cpu", measured=["bf16 (baseline)"],
+                             skipped={"kv-cache fp8": "the engine could not serve it"})
+    assert any(d.startswith("KV cache FP8: kv-cache fp8 skipped although the probe said yes")
+               for d in map_disagreements(table))
+
+
 def test_the_ladder_check_goes_both_ways():
     ladder = format_ladder(REFERENCE_CONFIGS / "Qwen3-4B.json")
     seen, detail = ladder_check(ladder)

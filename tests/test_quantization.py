@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from helpers.lessons.l05_quantization import chosen_kernels, conclusions, skip_reason, too_slow_reason
 from helpers.core.settings import models_dir
 
@@ -89,12 +91,61 @@ def test_size_check_goes_both_ways():
     assert size_check([row("bf16", 1, size=10.0), {"config": "kv-cache fp8"}])[0] is None
 
 
-def test_kv_check_reads_the_doubling_or_says_why_not():
-    base = row("bf16 (baseline)", 1, kv=1000)
-    assert kv_check([base, row("kv-cache fp8", 1, kv=2000)], "kv-cache fp8", {})[0] is True
-    assert kv_check([base, row("kv-cache fp8", 1, kv=1000)], "kv-cache fp8", {})[0] is False
-    seen, detail = kv_check([base], "kv-cache fp8", {"kv-cache fp8": "This step needs AVX-512 or AMX"})
+def _startup(tokens, dtype="auto", memory=2**30, block_size=128):
+    return {"kv_capacity_tokens": tokens, "num_gpu_blocks": tokens // block_size, "block_size": block_size,
+            "cache_dtype": dtype, "kv_cache_memory_bytes": memory}
+
+
+def test_kv_check_reads_the_doubling_from_the_start_up_capacity_or_says_why_not():
+    base = {"bf16 (baseline)": _startup(524288)}
+    seen, detail = kv_check({**base, "kv-cache fp8": _startup(1048576, "fp8")}, "kv-cache fp8", {})
+    assert seen is True and "524,288 -> 1,048,576 KV tokens (2.00x; 4,096 -> 8,192 blocks of 128 tokens)" in detail
+    assert "1 GiB of KV memory, auto -> fp8" in detail
+    assert kv_check({**base, "kv-cache fp8": _startup(524288, "fp8")}, "kv-cache fp8", {})[0] is False
+    # a different KV memory is no comparison; a configuration never started says why
+    assert kv_check({**base, "kv-cache fp8": _startup(2 * 1048576, "fp8", 2**31)}, "kv-cache fp8", {})[0] is None
+    seen, detail = kv_check(base, "kv-cache fp8", {"kv-cache fp8": "This step needs AVX-512 or AMX"})
     assert seen is None and "AVX-512" in detail
+
+
+def test_a_configuration_too_slow_to_measure_still_shows_its_start_up_capacity():
+    slow = {"kv-cache fp8": "Served, but it decodes 11.0 tokens/s against the baseline's 90 (8x slower)."}
+    lines = conclusions([row("bf16 (baseline)", 1000, kv=524288)], [1000, 990], SPEED, {}, slow, "cpu",
+                        {"bf16 (baseline)": _startup(524288), "kv-cache fp8": _startup(1048576, "fp8")})
+    text = "\n".join(lines)
+    assert "- kv-cache fp8: skipped. Served, but" in text and "KV capacity of 1,048,576 tokens (2.00x)" in text
+    assert "kv-cache fp8 holds 2.00x the baseline's KV tokens" in text
+    # without a start-up reading the line stays the reason alone
+    assert "start-up" not in "\n".join(conclusions([row("bf16 (baseline)", 1000)], [1000], SPEED, {}, slow, "cpu"))
+
+
+def test_the_start_up_kv_tokens_are_read_from_a_gpu_or_cpu_engine_log():
+    from pathlib import Path
+
+    from helpers.lessons.l05_quantization import kv_tokens_from_log
+
+    gpu_log = (Path(__file__).parent / "fixtures" / "kubectl_logs_vllm_ready.txt").read_text()
+    assert kv_tokens_from_log(gpu_log) == 75792
+    cpu = "[kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 4,096 tokens"
+    assert kv_tokens_from_log("CPU KV cache size: 524,288 tokens\n" + cpu) == 1048576
+    assert kv_tokens_from_log("no such line") is None
+
+
+def test_fp8_beside_the_gpu_shows_the_cpu_number_the_roofline_and_the_published_figure():
+    from helpers.lessons.l05_quantization import PUBLISHED_FP8, fp8_beside_gpu
+
+    rows = [row("bf16 (baseline)", 1000), row("fp8-dynamic", 800), row("w8a8", 900)]
+    lines = fp8_beside_gpu(rows, [1000, 1000], SPEED, {"online fp8_per_channel": "Served, but slow: details"},
+                           REFERENCE_CONFIGS / "Qwen3-4B.json", "H100 SXM")
+    text = "\n".join(lines)
+    assert "fp8-dynamic 800 tok/s against the baseline's 1000 (0.80x)" in text and "w8a8" not in text
+    assert "online fp8_per_channel not measured. Served, but slow." in text
+    ceilings = re.search(r"at most at (\d+) tok/s in BF16 .* and (\d+) tok/s in FP8 .*: ([\d.]+)x", text)
+    bf16, fp8, ratio = int(ceilings[1]), int(ceilings[2]), float(ceilings[3])
+    assert fp8 > bf16 and 1.3 < ratio < 2.0  # fewer bytes read per step; the BF16 embeddings keep it under 2x
+    assert "Published, not from this run" in text and PUBLISHED_FP8["source"] in text
+    none = fp8_beside_gpu(rows[:1], [1000], SPEED, {}, REFERENCE_CONFIGS / "Qwen3-4B.json", "L4")
+    assert none[0].startswith("- This run: no configuration with FP8 weights was served")
 
 
 def test_speed_conclusion_verdicts():

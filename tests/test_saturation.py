@@ -284,3 +284,43 @@ def test_doubling_the_cap_from_the_closed_loop_queue(users, cap, outcome, double
     got, detail = cap_doubling_outcome(users, cap, waited_max=max(0, users - cap))
     assert got == outcome and f"behind {2 * cap}: {doubled} would wait" in detail
     assert waiting_if_cap(users, cap) == max(0, users - cap)
+
+
+# ---------------------------------------------------------------- the talk's price curve and batching on a GPU
+
+from helpers.lessons.l07_saturation import (PUBLISHED_BATCHING, TALK_PRICES, batching_beside_gpu,  # noqa: E402
+                                            batching_conclusion, price_gap, price_gap_conclusions)
+from helpers.planning import token_price  # noqa: E402
+
+
+def test_the_talks_case_prints_ideal_adjusted_and_talk_with_every_terms_share():
+    config = token_price.reference_config("Llama-3.3-70B")
+    model = token_price.model_on_gpu("Llama-3.3-70B bf16", config)
+    prices, gap = price_gap(model, config, "H100 SXM", 8, 1024, 1024, [10, 20, 30])
+    assert list(gap["target_tpot_ms"]) == [10, 20, 30] and list(gap["reference_usd"]) == [0.71, 0.50, 0.46]
+    assert gap["ideal_usd"].iloc[0] == pytest.approx(0.352, abs=0.002)  # the roofline of the issue: nearly flat
+    assert set(prices["curve"]) == {"ideal", "+ bandwidth", "+ compute", "+ all-reduce", "+ overhead"}
+    steeper, *lines, explained = price_gap_conclusions(gap)
+    assert steeper.verdict in (SHOWN, NOT_SHOWN) and explained.verdict in (SHOWN, NOT_SHOWN)
+    assert len(lines) == 3 and all("bandwidth" in line.text for line in lines)
+    assert set(TALK_PRICES) == {10, 20, 30}
+
+
+def test_batching_beside_a_gpu_reads_this_run_the_roofline_and_the_published_figure():
+    sweep = pd.DataFrame({"concurrency": [1, 8, 32], "median_tpot_ms": [30.0, 60.0, 200.0],
+                          "output_throughput": [30.0, 120.0, 150.0]})
+    frame = batching_beside_gpu(sweep, "H100 SXM")
+    assert list(frame["throughput_gain"].round(2))[::2] == [5.0, round((32 / 25) / (1 / 19), 2)]
+    assert frame["throughput_gain"].iloc[1] > 25  # memory bound at batch 32: almost the whole batch is gained
+    assert "not from this run" in frame["setup"].iloc[2] and PUBLISHED_BATCHING["source"] in frame["setup"].iloc[2]
+    text = batching_conclusion(frame).text
+    assert "32x the users bought 5.0x" in text and "shows 24x" in text
+
+
+def test_the_talks_case_says_when_the_model_does_not_fit_and_always_prices_the_talks_targets():
+    config = token_price.reference_config("Llama-3.3-70B")
+    model = token_price.model_on_gpu("Llama-3.3-70B bf16", config)
+    with pytest.raises(ValueError, match="raise TALK_NUM_GPUS"):
+        price_gap(model, config, "H100 SXM", 1, 1024, 1024)
+    prices, gap = price_gap(model, config, "H100 SXM", 8, 1024, 1024, [15])
+    assert set(prices["target_tpot_ms"]) == {10, 15, 20, 30} and list(gap["target_tpot_ms"]) == [10, 20, 30]

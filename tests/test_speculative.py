@@ -5,7 +5,7 @@ import json
 import pytest
 
 from helpers.core.settings import models_dir
-from helpers.lessons.l06_speculative import spec_config
+from helpers.lessons.l06 import spec_config
 
 
 def test_ngram_gets_prompt_lookup_defaults():
@@ -30,7 +30,7 @@ def test_bad_configs_say_what_to_change(args, message):
 import pandas as pd  # noqa: E402
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.lessons.l06_speculative import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion,  # noqa: E402
+from helpers.lessons.l06 import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion,  # noqa: E402
                                  speculation_caveat, speedups, trend_conclusion)
 
 ALIGNED = "draft k=3"
@@ -111,7 +111,7 @@ def test_the_cpu_caveat_is_labelled_and_carries_the_measured_draft_cost():
 
 
 def test_the_summary_covers_every_method_the_trend_acceptance_k_and_the_caveat():
-    from helpers.lessons.l06_speculative import mean_runs, per_k, speculation_conclusions
+    from helpers.lessons.l06 import mean_runs, per_k, speculation_conclusions
 
     def method(name, tok_s, acceptance, c):
         return [{"config": name, "concurrency": c, "output_tok_s": v, "mean_tpot_ms": 1000 / v,
@@ -150,7 +150,7 @@ def test_a_speculative_step_cheaper_than_a_plain_one_reads_as_a_busy_machine_not
 
 # ---------------------------------------------------------------- prompt lookup by hand, the method map
 
-from helpers.lessons.l06_speculative import copied_text_lookup, lookup_outcome, method_map, prompt_lookup_length  # noqa: E402
+from helpers.lessons.l06 import copied_text_lookup, lookup_outcome, method_map, prompt_lookup_length  # noqa: E402
 
 
 def test_prompt_lookup_copies_what_it_has_seen():

@@ -103,3 +103,83 @@ def test_the_notebooks_inputs_say_where_they_come_from():
     assert at["usd_per_million_tokens"] == pytest.approx(table.usd_per_million_tokens.iloc[1]) and at["bound"] == "compute"
     assert tp.price_at("H100 SXM", LLAMA_70B, 10, 1024, 1024)["bound"] == "memory"
     assert set(tp.gpu_curves(LLAMA_70B, 1024, 1024, [10, 30])) <= set(tp.gpu_prices())
+
+
+# ---------------------------------------------------------------- the real step's terms (helpers/planning/price_curve.py)
+
+from helpers.core.conclusion import NOT_SHOWN, SHOWN  # noqa: E402
+from helpers.planning import price_curve as pc  # noqa: E402
+
+SHAPE = pc.shape_of(LLAMA_70B, REFERENCE_CONFIGS / "Llama-3.3-70B.json")
+
+
+def test_allreduce_follows_the_measured_table_then_the_bus_bandwidth():
+    assert pc.allreduce_s(1 << 20, 1) == 0.0  # one GPU: nothing to reduce
+    assert pc.allreduce_s(100, 8) == pytest.approx(10.1e-6)  # below the smallest size: its latency floor
+    assert pc.allreduce_s(1 << 20, 8) == pytest.approx(24.1e-6)
+    assert pc.allreduce_s(1.5 * (1 << 20), 8) == pytest.approx((24.1e-6 + 30.4e-6) / 2)
+    beyond = pc.allreduce_s(8 << 20, 8)
+    assert beyond == pytest.approx(45.0e-6 + (4 << 20) * 2 * 7 / 8 / 480e9)
+
+
+def test_a_step_without_terms_is_the_roofline_and_each_term_makes_it_longer():
+    h100 = get_gpu("H100 SXM")
+    ideal = pc.step_time_s(h100, 8, SHAPE, 1, 1024, 1024, terms=())
+    frame = tp.roofline_price_frame(h100, 8, LLAMA_70B, 1.0, 1024, 1024)
+    assert ideal * 1e3 == pytest.approx(frame.iloc[0]["tpot_ms"])
+    times = [pc.step_time_s(h100, 8, SHAPE, 64, 1024, 1024, pc.TERMS[:k]) for k in range(len(pc.TERMS) + 1)]
+    assert times == sorted(times) and times[-1] - times[-2] == pytest.approx(pc.REAL_STEP.step_overhead_s)
+    assert pc.step_time_s(h100, 1, SHAPE, 1, 1024, 1024, ("all-reduce",)) == \
+        pytest.approx(pc.step_time_s(h100, 1, SHAPE, 1, 1024, 1024, ()))  # one GPU: no all-reduce
+    with pytest.raises(ValueError, match="unknown terms"):
+        pc.step_time_s(h100, 8, SHAPE, 1, 1024, 1024, ("luck",))
+    with pytest.raises(ValueError, match="share of the datasheet peak"):
+        pc.RealStep(compute=1.5)
+
+
+def test_the_cheapest_batch_meets_the_target_and_none_when_batch_1_is_too_slow():
+    h100 = get_gpu("H100 SXM")
+    best = pc.cheapest_s(h100, 8, SHAPE, 700, 32.0, 1024, 1024, 0.030)
+    assert best["tpot_ms"] <= 30 and pc.step_time_s(h100, 8, SHAPE, best["batch"] + 1, 1024, 1024) > 0.030
+    assert math.isnan(pc.cheapest_s(h100, 8, SHAPE, 700, 32.0, 1024, 1024, 0.005)["usd_per_million_tokens"])
+
+
+def _attribution(ideal, steps, ref):
+    rows = [{"target_tpot_ms": 20, "curve": "ideal", "usd_per_million_tokens": ideal}]
+    rows += [{"target_tpot_ms": 20, "curve": f"+ {t}", "usd_per_million_tokens": p} for t, p in zip(pc.TERMS, steps)]
+    return pc.term_attribution(pd.DataFrame(rows), {20: ref})
+
+
+def test_term_shares_and_what_is_left_add_up_both_ways():
+    under = _attribution(0.30, [0.35, 0.35, 0.40, 0.45], 0.50).iloc[0]  # terms explain 75% of the gap
+    assert under["bandwidth_share"] == pytest.approx(0.25) and under["unexplained_share"] == pytest.approx(0.25)
+    over = _attribution(0.30, [0.60, 0.60, 0.90, 1.10], 0.50).iloc[0]  # terms overshoot the reference
+    assert sum(over[f"{t}_share"] for t in pc.TERMS) + over["unexplained_share"] == pytest.approx(1.0)
+    assert over["unexplained_share"] == pytest.approx(-3.0)
+    assert "left unexplained" in pc.attribution_sentences(_attribution(0.30, [0.35, 0.35, 0.40, 0.45], 0.50), "ref")[0]
+    assert "2.2x ref's" in pc.attribution_sentences(_attribution(0.30, [0.60, 0.60, 0.90, 1.10], 0.50), "ref")[0]
+
+
+def test_gap_conclusions_flip_with_the_numbers():
+    def frame(ideal, adjusted, ref):
+        rows = []
+        for t, i, a, r in zip((10, 30), ideal, adjusted, ref):
+            rows.append({"target_tpot_ms": t, "ideal_usd": i, "adjusted_usd": a, "reference_usd": r,
+                         **{f"{x}_share": 0.25 for x in pc.TERMS}, "unexplained_share": 0.0})
+        return pd.DataFrame(rows)
+
+    steep, *_, explained = pc.gap_conclusions(frame((0.35, 0.32), (0.70, 0.45), (0.71, 0.46)), "the talk")
+    assert steep.verdict == SHOWN and explained.verdict == SHOWN and "within 25%" in explained.text
+    flat, *_, over = pc.gap_conclusions(frame((0.35, 0.32), (2.0, 1.9), (0.71, 0.46)), "the talk")
+    assert flat.verdict == NOT_SHOWN and over.verdict == NOT_SHOWN and "overshoot" in over.text
+    *_, under = pc.gap_conclusions(frame((0.35, 0.32), (0.40, 0.33), (0.71, 0.46)), "the talk")
+    assert under.verdict == NOT_SHOWN and "margin" in under.text
+    missed, *_ = pc.gap_conclusions(frame((0.35, 0.32), (math.nan, 1.0), (0.71, 0.46)), "the talk")
+    assert missed.verdict == SHOWN and "cannot meet 10 ms" in missed.text
+
+
+def test_the_real_step_names_a_source_for_every_term_and_the_roofline_tpot_of_a_group():
+    text = pc.sources_text()
+    assert all(f"  {t}: " in text for t in pc.TERMS) and text.count("source: ") == 4 and "(20" in text
+    tpot = tp.group_tpot_ms("H100 SXM", 4, LLAMA_70B, 1, 0)
+    assert tpot == pytest.approx(LLAMA_70B.weight_bytes / (4 * get_gpu("H100 SXM").bandwidth_bytes_per_s) * 1e3)

@@ -165,3 +165,69 @@ def test_the_kv_check_reads_the_memory_knobs_step():
     assert kv_capacity_check(card.iloc[[0, 2]], "--kv-cache-memory-bytes")[0] is None
     same = card.assign(kv_capacity_tokens=1000)
     assert kv_capacity_check(same, "--kv-cache-memory-bytes")[0] is False
+
+
+# ---------------------------------------------------------------- the GPU line and structured output (issue 22)
+
+from dataclasses import replace  # noqa: E402
+
+from helpers.core.conclusion import NOT_SHOWN  # noqa: E402
+from helpers.core.vllm_args import flag_value, with_flag  # noqa: E402
+from helpers.engine.interface import default_config  # noqa: E402
+from helpers.lessons.l08_tuning import (gpu_configuration, gpu_line_check, structured_tpot,  # noqa: E402
+                                        structured_validity)
+
+
+def test_the_gpu_line_starts_from_the_gpu_baseline_with_no_cpu_workaround():
+    cpu_base = default_config(load_settings({"WORKSHOP_PROFILE": "cpu"}))
+    tuned = replace(cpu_base, args=with_flag(with_flag(with_flag(cpu_base.args, "--kv-cache-memory-bytes", 2 * 2**30),
+                                                       "--kv-cache-dtype", "fp8"), "--max-num-seqs", 32))
+    gpu, notes = gpu_configuration(cpu_base, tuned, "cpu")
+    line = command_line(gpu, model="Qwen/Qwen3-4B")
+    assert gpu_line_check(line)[0] is True
+    for workaround in ("--enforce-eager", "--kv-cache-memory-bytes", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        assert workaround not in line and workaround not in manifest_patch(gpu, model="Qwen/Qwen3-4B")
+    # the GPU profile's baseline, plus the kept changes that mean something on a GPU
+    assert flag_value(gpu.args, "--gpu-memory-utilization") == "0.90" and flag_value(gpu.args, "--reasoning-parser")
+    assert flag_value(gpu.args, "--kv-cache-dtype") == "fp8" and flag_value(gpu.args, "--max-num-seqs") == "32"
+    text = "\n".join(notes)
+    assert "--kv-cache-dtype fp8: kept on the CPU and carried over, measured only on the CPU" in text
+    assert "--kv-cache-memory-bytes 2147483648: kept on the CPU, not carried over" in text
+    # the check itself catches the CPU line
+    seen, detail = gpu_line_check(command_line(tuned, model="Qwen/Qwen3-4B"))
+    assert seen is False and "--enforce-eager" in detail and "VLLM_ENABLE_V1_MULTIPROCESSING" in detail
+
+
+def test_on_a_gpu_profile_the_tuned_configuration_is_written_as_it_is():
+    gpu_base = default_config(load_settings({"WORKSHOP_PROFILE": "gpu"}))
+    tuned = replace(gpu_base, args=with_flag(gpu_base.args, "--max-num-seqs", 64))
+    written, notes = gpu_configuration(gpu_base, tuned, "gpu")
+    assert written == tuned and notes == ["- --max-num-seqs 64: kept, measured on this gpu engine"]
+    assert gpu_configuration(gpu_base, gpu_base, "cpu")[1] == ["- no change kept: the GPU profile's baseline as it is"]
+
+
+def _answers(schema_valid, free_valid, schema_tpot, free_tpot):
+    rows = []
+    for r, (st, ft) in enumerate(zip(schema_tpot, free_tpot), 1):
+        for i, (sv, fv) in enumerate(zip(schema_valid, free_valid)):
+            rows += [{"round": r, "id": f"t{i}", "mode": "json_schema", "valid": sv, "tpot_ms": st},
+                     {"round": r, "id": f"t{i}", "mode": "free", "valid": fv, "tpot_ms": ft}]
+    return pd.DataFrame(rows)
+
+
+def test_structured_validity_follows_the_data_both_ways():
+    shown = structured_validity(_answers([True] * 10, [False] * 10, [3.0], [3.0]))
+    assert shown.verdict == SHOWN and "10/10 answers with the schema, 0/10 without" in shown.text
+    same = structured_validity(_answers([True] * 10, [True] * 10, [3.0], [3.0]))
+    assert same.verdict == WITHIN_NOISE and "already answers valid JSON" in same.text
+    worse = structured_validity(_answers([False] * 10, [True] * 10, [3.0], [3.0]))
+    assert worse.verdict == NOT_SHOWN
+
+
+def test_structured_tpot_is_judged_against_the_rounds_spread():
+    costly = structured_tpot(_answers([True] * 3, [False] * 3, [4.0, 4.1, 4.2], [3.0, 3.05, 3.1]))
+    assert costly.verdict == SHOWN and "4.10 ms with the schema vs 3.05 ms without" in costly.text
+    noise = structured_tpot(_answers([True] * 3, [False] * 3, [3.0, 3.5, 3.2], [3.1, 3.4, 3.2]))
+    assert noise.verdict == WITHIN_NOISE and "no measurable cost" in noise.text
+    faster = structured_tpot(_answers([True] * 3, [False] * 3, [2.0, 2.05, 2.1], [3.0, 3.05, 3.1]))
+    assert faster.verdict == NOT_SHOWN

@@ -158,7 +158,7 @@ def get_gpu(name: str) -> GPU:
     raise UnknownGPUError(f"unknown GPU {name!r}: known GPUs are {', '.join(gpu_names())}")
 
 
-# ---------------------------------------------------------------- hourly prices (for the price of a token)
+# ---------------------------------------------------------------- dated prices: renting a machine, or an API's tokens
 
 @dataclass(frozen=True)
 class HourlyPrice:
@@ -167,22 +167,25 @@ class HourlyPrice:
     name: str  # a GPU of GPUS, or a VM
     usd_per_hour: float  # per GPU (a multi-GPU instance's price divided by its GPUs), or per VM
     source: str
+    date: str = ""  # when the source was read or published (YYYY-MM or YYYY-MM-DD)
 
 
 # List prices as published; they change often and differ between providers by 2x or more: pass your own
 # (helpers.planning.token_price takes the price as a parameter) and keep its source beside it. Lambda's rows were read
 # from two independent transcriptions of its instances page (September 2026) that agree to the cent; the AWS
-# and Google Cloud rows are list prices as published in 2025, not re-checked since.
+# and Google Cloud rows are list prices as published in 2025, not re-checked since (a search for a current,
+# first-hand e2-standard-2 price in December 2026 found none this kit could trust).
 _LAMBDA = "Lambda GPU cloud on-demand instances page (September 2026)"
 HOURLY_PRICES: tuple[HourlyPrice, ...] = (
-    HourlyPrice("H100 SXM", 3.99, f"{_LAMBDA}: 8x NVIDIA H100 SXM, 3.99 USD per GPU-hour (1x: 4.29)"),
-    HourlyPrice("H100 PCIe", 3.29, f"{_LAMBDA}: 1x NVIDIA H100 PCIe, 3.29 USD per GPU-hour"),
-    HourlyPrice("A100 80GB SXM", 2.79, f"{_LAMBDA}: 8x NVIDIA A100 SXM 80 GB, 2.79 USD per GPU-hour"),
-    HourlyPrice("A100 40GB SXM", 1.99, f"{_LAMBDA}: 8x NVIDIA A100 SXM 40 GB, 1.99 USD per GPU-hour"),
-    HourlyPrice("B200", 6.69, f"{_LAMBDA}: 8x NVIDIA B200 SXM6, 6.69 USD per GPU-hour"),
-    HourlyPrice("A10G", 1.006, "AWS EC2 On-Demand pricing (us-east-1, Linux): g5.xlarge, 1 A10G + 4 vCPU, 1.006 USD/h"),
+    HourlyPrice("H100 SXM", 3.99, f"{_LAMBDA}: 8x NVIDIA H100 SXM, 3.99 USD per GPU-hour (1x: 4.29)", "2026-09"),
+    HourlyPrice("H100 PCIe", 3.29, f"{_LAMBDA}: 1x NVIDIA H100 PCIe, 3.29 USD per GPU-hour", "2026-09"),
+    HourlyPrice("A100 80GB SXM", 2.79, f"{_LAMBDA}: 8x NVIDIA A100 SXM 80 GB, 2.79 USD per GPU-hour", "2026-09"),
+    HourlyPrice("A100 40GB SXM", 1.99, f"{_LAMBDA}: 8x NVIDIA A100 SXM 40 GB, 1.99 USD per GPU-hour", "2026-09"),
+    HourlyPrice("B200", 6.69, f"{_LAMBDA}: 8x NVIDIA B200 SXM6, 6.69 USD per GPU-hour", "2026-09"),
+    HourlyPrice("A10G", 1.006, "AWS EC2 On-Demand pricing (us-east-1, Linux): g5.xlarge, 1 A10G + 4 vCPU, 1.006 USD/h",
+                "2025 (not re-checked)"),
     HourlyPrice("2-vCPU VM", 0.067, "Google Cloud Compute Engine VM pricing (us-central1, on demand): e2-standard-2, "
-                                    "2 vCPU + 8 GB, 0.067 USD/h"),
+                                    "2 vCPU + 8 GB, 0.067 USD/h", "2025 (not re-checked)"),
 )
 
 
@@ -192,5 +195,57 @@ def hourly_price(name: str) -> HourlyPrice:
     for price in HOURLY_PRICES:
         if _key(price.name) == wanted:
             return price
-    raise LookupError(f"no hourly price for {name!r}: priced are {', '.join(p.name for p in HOURLY_PRICES)}; "
+    raise UnknownPriceError(f"no hourly price for {name!r}: priced are {', '.join(p.name for p in HOURLY_PRICES)}; "
                       "pass your own price (USD per hour) instead")
+
+
+def profile_hourly_price(profile: str) -> HourlyPrice:
+    """The row a profile's engine is priced at when you give no price: the 2-vCPU VM on "cpu", one H100 SXM else."""
+    return hourly_price("2-vCPU VM" if profile == "cpu" else "H100 SXM")
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """A hosted API's list price in USD per million tokens: fresh input, cached input (a prompt prefix the API
+    has seen recently), output; with the page it was read from and when."""
+
+    model: str
+    usd_per_m_input: float
+    usd_per_m_cached_input: float
+    usd_per_m_output: float
+    source: str
+    date: str
+
+
+# OpenAI's standard tier. OpenAI's own pricing page (developers.openai.com/api/docs/pricing) was not in reach of this
+# kit's search; each row was read from a dated transcription of it, named in the row. Prices change: pass your own.
+API_PRICES: tuple[ApiPrice, ...] = (
+    ApiPrice("gpt-4o-mini", 0.15, 0.075, 0.60,
+             "OpenAI API pricing as transcribed in the CommitBrief wiki page 'Provider OpenAI' (rates from "
+             "openai.com/api/pricing; input 0.15, output 0.60, cached input 0.075 USD per 1M tokens)", "2026-05-27"),
+    ApiPrice("gpt-4.1-mini", 0.40, 0.10, 1.60,
+             "OpenAI API pricing as transcribed in the openai_responses 0.4.1 package (hex.pm), "
+             "lib/responses/pricing.ex: source platform.openai.com/docs/pricing, last updated 2025-06-03", "2025-06-03"),
+    ApiPrice("gpt-5.4-mini", 0.75, 0.075, 4.50,
+             "OpenAI API pricing as transcribed in the adk-model 0.6.0 crate (docs.rs), src/openai/pricing.rs: "
+             "'Token pricing for OpenAI models (March 2026)'", "2026-03"),
+)
+
+
+# OpenAI caches a prompt's prefix only from 1,024 repeated tokens on: "OpenAI applies automatic prompt-caching at
+# >=1024-token repeated prefixes" (CommitBrief wiki, 'Provider OpenAI', 2026-05-27).
+API_CACHE_MIN_PREFIX_TOKENS = 1024
+
+
+def api_price(model: str) -> ApiPrice:
+    """The API price row for ``model`` (ignoring case, spaces, dots and hyphens)."""
+    wanted = _key(model)
+    for price in API_PRICES:
+        if _key(price.model) == wanted:
+            return price
+    raise UnknownPriceError(f"no API price for {model!r}: priced are {', '.join(p.model for p in API_PRICES)}; "
+                            "pass your own prices (USD per million tokens) instead")
+
+
+class UnknownPriceError(WorkshopError, LookupError):
+    """Raised for a model or machine the dated price table does not hold."""

@@ -4,8 +4,12 @@ exercises (a longer answer, the tools' context tax).
 
 ``conclude_stream`` judges one ``StreamTiming`` (a steady pace, or a stall named with its gap);
 ``conclude_context_growth`` the prompt of an agent's calls; ``conclude_rent_vs_own`` an API's price per million
-output tokens against this engine's, with ``cpu_gpu_caveat``. ``length_outcome`` and ``tool_tax_outcome`` turn
-the exercises' measurements into one of ``LENGTH_CHOICES`` / ``TOOL_TAX_CHOICES``. The rest of what the notebook
+output tokens against this engine's, with ``cpu_gpu_caveat``; ``rent_vs_own_costs`` prices one conversation from the
+dated table (``helpers.hardware.gpus``: an API's input, cached-input and output prices, this engine's hourly price),
+``conclude_cache`` and ``conclude_break_even`` say what cached input and the engine's utilization change, and
+``not_cost_table`` / ``runtimes_table`` name what decides besides the price and where other runtimes fit.
+``length_outcome`` and ``tool_tax_outcome`` turn the exercises' measurements into one of ``LENGTH_CHOICES`` /
+``TOOL_TAX_CHOICES``. The rest of what the notebook
 calls comes from the floors and is re-exported here (``__all__``), so the notebook imports from this module
 and ``helpers.engine.session`` alone.
 """
@@ -13,7 +17,7 @@ and ``helpers.engine.session`` alone.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
 from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
@@ -22,17 +26,23 @@ from helpers.evals.agent import prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.measure.stream_timing import StreamTiming, stream_chat, time_lengths
-from helpers.planning.cost import api_cost_usd, api_usd_per_million_output_tokens, own_usd_per_million_output_tokens
+from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, profile_hourly_price
+from helpers.planning.cost import (api_cost_cached_usd, api_cost_usd, api_usd_per_million_output_tokens,
+                                   break_even_utilization, cached_prefix_tokens, own_usd_per_million_output_tokens)
 from helpers.tiny.tools import TOOLS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     # this notebook's own
     "STALL_FACTOR", "conclude_stream", "conclude_context_growth", "cpu_gpu_caveat", "conclude_rent_vs_own",
-    "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome",
+    "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "engine_price", "rent_vs_own_costs",
+    "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES",
     # from the floors below, for the notebook
     "Conclusion", "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "steps",
     "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat", "time_lengths", "api_cost_usd",
-    "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS",
+    "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS", "api_price",
 ]
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
@@ -113,6 +123,105 @@ def conclude_rent_vs_own(api_usd_per_m_output: float, own_usd_per_m_output: floa
         verdict = Conclusion(f"{shape}: owning is {ratio:.1f}x dearer at one stream; it pays off only with "
                              "more streams at once, a lower hourly price, or a faster machine.")
     return [verdict, Conclusion(cpu_gpu_caveat(profile))]
+
+
+def engine_price(profile: str, hourly_usd: float | None = None) -> tuple[float, str]:
+    """(USD per hour, its source) for this engine: ``hourly_usd`` when given, else the dated table's row for the
+    profile (helpers/hardware/gpus.py: a 2-vCPU VM on "cpu", one H100 SXM otherwise)."""
+    if hourly_usd is not None:
+        if hourly_usd <= 0:
+            raise ValueError(f"HOURLY_USD must be a positive price in USD per hour, got {hourly_usd}")
+        return float(hourly_usd), "your HOURLY_USD parameter"
+    row = profile_hourly_price(profile)
+    return row.usd_per_hour, f"{row.source} ({row.date}); set HOURLY_USD to what you pay"
+
+
+def rent_vs_own_costs(prompt_tokens: list[int], completion_tokens: list[int], busy_s: float, api: ApiPrice,
+                      hourly_usd: float, profile: str) -> "pd.DataFrame":
+    """USD per million output tokens for one conversation's calls (prompts included): the API with a cold prompt
+    cache, the API with a warm one (each call's re-sent history billed as cached input, from the API's minimum
+    cached prefix on), and this engine, busy ``busy_s`` at ``hourly_usd`` serving one stream."""
+    import pandas as pd
+
+    prompts, completions = sum(prompt_tokens), sum(completion_tokens)
+    cached = sum(cached_prefix_tokens(prompt_tokens, completion_tokens, API_CACHE_MIN_PREFIX_TOKENS))
+    cold = api_usd_per_million_output_tokens(prompts, completions, api.usd_per_m_input, api.usd_per_m_output)
+    warm = api_cost_cached_usd(prompts, cached, completions, api.usd_per_m_input, api.usd_per_m_cached_input,
+                               api.usd_per_m_output) / completions * 1e6
+    own = own_usd_per_million_output_tokens(hourly_usd, busy_s, completions)
+    return pd.DataFrame([
+        {"option": f"API {api.model}, no cached input", "cached_prompt_tokens": 0, "usd_per_million_output_tokens": cold},
+        {"option": f"API {api.model}, warm prompt cache", "cached_prompt_tokens": cached,
+         "usd_per_million_output_tokens": warm},
+        {"option": f"own engine ({profile}), 1 stream", "cached_prompt_tokens": 0, "usd_per_million_output_tokens": own},
+    ])
+
+
+def conclude_cache(costs: "pd.DataFrame", prompt_tokens: int, api: ApiPrice) -> Conclusion:
+    """What cached-input pricing changed for this conversation (``rent_vs_own_costs`` rows 0 and 1)."""
+    cold, warm = costs["usd_per_million_output_tokens"].iloc[:2]
+    cached = int(costs["cached_prompt_tokens"].iloc[1])
+    if cached == 0:
+        return Conclusion(f"Cached input: none of the {prompt_tokens:,} prompt tokens would be billed as cached: every "
+                          f"call re-sends its history, but the API caches a prefix only from {API_CACHE_MIN_PREFIX_TOKENS:,} "
+                          f"tokens on, and these prompts are shorter; an agent with long instructions or documents would "
+                          f"pay {api.usd_per_m_cached_input:g} instead of {api.usd_per_m_input:g} USD per million for them.")
+    return Conclusion(f"Cached input: {cached:,} of the {prompt_tokens:,} prompt tokens are re-sent history an API with a "
+                      f"warm cache bills at {api.usd_per_m_cached_input:g} instead of {api.usd_per_m_input:g} USD per "
+                      f"million: {cold:.3f} -> {warm:.3f} USD per million output tokens ({1 - warm / cold:.0%} less).")
+
+
+def conclude_break_even(api_usd_per_m_output: float, hourly_usd: float, tokens_per_s: float, profile: str) -> Conclusion:
+    """The share of each day this engine must serve at its measured ``tokens_per_s`` to cost what the API would
+    for the same tokens (``cost.break_even_utilization``); above 100% it never does at this speed."""
+    share = break_even_utilization(hourly_usd, api_usd_per_m_output, tokens_per_s)
+    text = (f"Break-even: rented all day at {hourly_usd:g} USD/h and producing {tokens_per_s:,.1f} output tokens/s (one "
+            f"stream, measured), this {profile} engine matches the API's {api_usd_per_m_output:.3f} USD per million "
+            f"output tokens only if it is busy {share:.0%} of the day")
+    if share > 1:
+        return Conclusion(text + ": more than the day has, so at one stream it never pays off; batching (notebook 07) "
+                                 "multiplies the tokens per second an hour buys.")
+    return Conclusion(text + ": below that, the API is cheaper; above it, owning is.")
+
+
+def not_cost_table(ttft_ms: float) -> "pd.DataFrame":
+    """What decides rent or own besides the price: a question for each, and where an engine you run stands
+    (the latency row with this run's measured time to first token)."""
+    import pandas as pd
+
+    return pd.DataFrame([
+        ("data control", "Who may log, keep or train on your prompts and outputs?",
+         "they stay on machines you run", "the provider's data terms"),
+        ("regulation", "Must the data stay in a country, a region or on premises?",
+         "you choose where it runs", "the provider's regions and certifications"),
+        ("service level", "What uptime is promised, and who is woken at night?",
+         "you are (notebook 07 kills a replica to show what that means)", "the provider's SLA, if your plan has one"),
+        ("latency", "How far is the model from your agent?",
+         f"in the cluster: this run's first token came after {ttft_ms:,.0f} ms",
+         "a public endpoint adds the internet round trip and its queue"),
+    ], columns=["not cost", "question", "an engine you run", "a hosted API"])
+
+
+# Where other open runtimes fit, each from its own documentation (read 2026-12-01).
+RUNTIMES = (
+    ("SGLang", "serving on GPUs when requests share prefixes (multi-turn chats, agents): RadixAttention reuses their "
+               "KV cache; fast grammar-constrained JSON output; OpenAI-compatible API",
+     "NVIDIA, 'SGLang inference' guide, build.nvidia.com/station/sglang-inference"),
+    ("TensorRT-LLM", "NVIDIA GPUs only: builds optimized TensorRT engines from a Python API, with Python and C++ "
+                     "runtimes", "NVIDIA TensorRT-LLM documentation, docs.nvidia.com/TensorRT-LLM"),
+    ("llama.cpp", "plain C/C++ on a laptop or a server: CPUs (AVX2, AVX512, AMX, Apple silicon) and GPUs, 1.5- to "
+                  "8-bit integer quantization, CPU+GPU hybrid for models larger than the GPU",
+     "llama.cpp README, github.com/ggml-org/llama.cpp"),
+    ("Ollama", "one command to download and run a model on your own machine (`ollama run`), GGUF files imported",
+     "Ollama README, github.com/ollama/ollama (v0.14.2, 2026-01-15)"),
+)
+
+
+def runtimes_table() -> "pd.DataFrame":
+    """``RUNTIMES`` as a table: runtime, where it fits, source."""
+    import pandas as pd
+
+    return pd.DataFrame(RUNTIMES, columns=["runtime", "where it fits", "source"])
 
 
 # ---------------------------------------------------------------- try it yourself: a longer answer

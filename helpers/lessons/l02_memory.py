@@ -8,7 +8,8 @@ the memory their driver reports. The notebook passes both to ``ipywidgets.intera
 ``conclude_memory_plan`` turns three plans into the lesson's sentences; ``engine_comparison`` puts the
 planner's prediction beside what a running vLLM reports (``vllm:cache_config_info``), and
 ``conclude_engine_comparison`` says whether they agree; ``conversations_outcome`` and
-``larger_gpus_hold_more`` check the exercises.
+``larger_gpus_hold_more`` check the exercises. ``conclude_hand_count`` holds the parameters and KV bytes per token
+the notebook computes by hand from config.json against the planner's.
 """
 
 from __future__ import annotations
@@ -28,19 +29,23 @@ from helpers.lessons import plots
 from helpers.hardware.gpus import GPUS, get_gpu
 from helpers.measure.server_metrics import scrape
 from helpers.planning.kv import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, VllmKVCache, cpu_kv_cache, kv_cache_bytes
-from helpers.planning.memory import fit_title, fit_verdict, plan_memory, plan_row
-from helpers.planning.shape import GIB, REFERENCE_CONFIGS, ConfigError, ModelSource, count_params, model_shape
+from helpers.planning.memory import MemoryPlan, fit_title, fit_verdict, plan_memory, plan_row
+from helpers.planning.shape import (GIB, REFERENCE_CONFIGS, ConfigError, ModelSource, count_params, load_config,
+                                    model_shape)
 
 __all__ = [
     # this notebook's own
     "WEIGHT_DTYPES", "KV_DTYPES", "MAX_MODEL_LEN_RANGE", "model_names", "gpu_choices", "memory_row", "memory_picture",
     "show_memory", "explorer_controls", "block_size_note", "conclude_memory_plan", "conclude_engine_comparison",
     "predict_cpu_engine_kv", "engine_comparison", "compare_with_engine", "CONVERSATION_CHOICES",
-    "larger_gpus_hold_more", "conversations_outcome",
+    "larger_gpus_hold_more", "conversations_outcome", "conclude_hand_count", "HAND_COUNT_REL",
     # from the floors below, for the notebook
     "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "format_tables", "plots",
-    "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params",
+    "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params", "load_config",
 ]
+
+# The hand count leaves out norms and biases: under 0.1% of a dense model's parameters (Qwen3-4B: 0.01%).
+HAND_COUNT_REL = 0.001
 
 WEIGHT_DTYPES = ["bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4"]
 KV_DTYPES = ["bf16", "fp8"]
@@ -147,6 +152,26 @@ def conclude_memory_plan(model: str, gpu: str, utilization: float, bf16: Mapping
                           f"{fp8_kv['kv_bytes_per_token']:,} vs {fp8['kv_bytes_per_token']:,} bytes per token.",
                           SHOWN if shown else NOT_SHOWN, expectation))
     return out
+
+
+def conclude_hand_count(model: str, params_by_hand: int, kv_bytes_per_token_by_hand: int,
+                        plan: MemoryPlan) -> Conclusion:
+    """The parameters and KV bytes per token computed by hand from config.json against the planner's: parameters
+    within ``HAND_COUNT_REL`` (the hand count leaves out norms and biases), KV bytes per token exactly. A model the
+    dense-GQA formulas do not describe (experts, latent attention, sliding or linear layers) cannot tell."""
+    expectation = "the planner confirms the hand count: parameters within 0.1% (norms, biases), KV bytes exactly"
+    shape = model_shape(REFERENCE_CONFIGS / f"{model}.json") if (REFERENCE_CONFIGS / f"{model}.json").is_file() \
+        else None
+    gap = (plan.total_params - params_by_hand) / plan.total_params
+    text = (f"{model}: by hand {params_by_hand:,} parameters and {kv_bytes_per_token_by_hand:,} KV bytes per token; "
+            f"the planner {plan.total_params:,} ({gap:+.3%}) and {plan.kv_bytes_per_token:,}")
+    if shape is not None and (shape.num_experts or shape.mla or not plan.kv.is_uniform):
+        return Conclusion(text + ": the hand formulas are for a dense model with grouped-query attention in every "
+                          "layer, which this one is not (see notebook 04 for experts).", "", expectation)
+    if abs(gap) <= HAND_COUNT_REL and kv_bytes_per_token_by_hand == plan.kv_bytes_per_token:
+        return Conclusion(text + ": the same arithmetic; the planner adds the norms and biases.", SHOWN, expectation)
+    return Conclusion(text + ": they differ; check the fields read from config.json (head_dim, KV heads, tied "
+                      "embeddings) and the bytes per element.", NOT_SHOWN, expectation)
 
 
 def conclude_engine_comparison(comparison: pd.DataFrame | None, profile: str) -> Conclusion:

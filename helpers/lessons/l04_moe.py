@@ -6,7 +6,9 @@ module and ``helpers.engine.session`` only.
 ``measure_decode`` serves each model in turn (``rounds`` > 1 alternates them, each switch restarts the
 engine) and measures every batch size ``repeats`` times, keeping each run. ``conclude_dense_vs_moe``
 judges the MoE against the dense model at each batch against the repeats' spread, and calls a gap no
-model difference can explain implausible. ``moe_gpu_caveat`` is the labelled GPU statement.
+model difference can explain implausible. ``moe_gpu_caveat`` is the labelled GPU statement; ``moe_roofline_table``
+and ``moe_beside_gpu`` put this run's CPU number beside the roofline of a GPU and one published GPU measurement
+(``PUBLISHED_MOE``), labelled as not from this run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, UNKNOWN, compare_samples, interleave
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
+from helpers.core.settings import models_dir
 from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
 from helpers.hardware.gpus import get_gpu
 from helpers.hardware.machine import check_quiet
@@ -31,10 +34,10 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 __all__ = [  # this module's own, then what notebook 04 uses from the floors below
     "IMPLAUSIBLE_RATIO", "NOISY_REL", "conclude_dense_vs_moe", "conclude_moe_on_paper", "conclude_roofline_fit",
     "decode_table", "experts_share_outcome", "fade_table", "measure_decode", "moe_gpu_caveat", "paper_table",
-    "plot_tiny_decode", "tiny_roofline_points",
+    "plot_tiny_decode", "tiny_roofline_points", "PUBLISHED_MOE", "moe_roofline_table", "moe_beside_gpu",
     "Conclusion", "REFERENCE_CONFIGS", "check_prediction", "check_quiet", "conclude_reasoning_cost", "count_params",
     "get_gpu", "ratio_outcome", "reasoning_cost", "report", "roofline", "should_see", "should_see_conclusion",
-    "show_conclusions", "weight_bytes",
+    "show_conclusions", "weight_bytes", "models_dir",
 ]
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
@@ -42,6 +45,16 @@ __all__ = [  # this module's own, then what notebook 04 uses from the floors bel
 IMPLAUSIBLE_RATIO = 1.5
 # Runs of one model that differ by more than this (relative range) among themselves compare nothing.
 NOISY_REL = 0.5
+# One published GPU measurement of an MoE against a dense model at batch, shown beside this run's CPU number and the
+# roofline, labelled as not from this run (read 2026-12-01).
+PUBLISHED_MOE = {
+    "claim": "DeepSeek-V2 (a mixture of experts: 236B parameters, 21B active per token) on one node of 8 H800 GPUs "
+             "generates above 50K tokens/s, 5.76 times the maximum generation throughput of the dense DeepSeek 67B; "
+             "it was served with FP8 weights and a KV cache of about 6 bits per element, which with its latent "
+             "attention (MLA) let it run much larger batches, so the factor is not the experts' alone",
+    "source": "DeepSeek-AI, 'DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model', "
+              "arXiv 2405.04434 (May 2024), section 3.2.3 'Inference Efficiency'",
+}
 
 
 def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: int, output_len: int,
@@ -261,3 +274,55 @@ def experts_share_outcome(distinct: float, num_experts: int) -> str:
     """'a few (under 25%)', 'about half (25-75%)' or 'most of them (over 75%)' of the experts touched."""
     share = distinct / num_experts
     return "a few (under 25%)" if share < 0.25 else "about half (25-75%)" if share <= 0.75 else "most of them (over 75%)"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU figures beside this run's CPU ones
+
+
+def moe_roofline_table(dense: str, moe: str, gpu: Any, batches: list[int]) -> pd.DataFrame:
+    """Per batch, the roofline's decode ceiling (tokens/s, all streams) on ``gpu`` of ``moe`` (the experts a batch
+    touches), ``dense``, and ``moe`` as if it were dense (its weights, every parameter active), BF16, weights only;
+    with the per-token time in ms and what bounds each step."""
+    m = count_params(REFERENCE_CONFIGS / f"{moe}.json")
+    d = count_params(REFERENCE_CONFIGS / f"{dense}.json")
+    rows = []
+    for b in sorted(set(batches)):
+        bounds = {moe: roofline.decode_bound(gpu, roofline.moe_bytes_per_step(m, b), m.active, b),
+                  dense: roofline.decode_bound(gpu, weight_bytes(d), d.active, b),
+                  "same size, dense": roofline.decode_bound(gpu, weight_bytes(m), m.total, b)}
+        row: dict[str, Any] = {"batch": b}
+        for name, bound in bounds.items():
+            row[f"{name}_tok_s"] = bound.tokens_per_s
+            row[f"{name}_ms_per_token"] = 1000 / bound.tokens_per_s
+            row[f"{name}_bound"] = bound.bound
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str, table: pd.DataFrame, dense: str, moe: str,
+                   gpu_name: str) -> list[str]:
+    """MoE against dense at batch three ways: this run's CPU number (the tiny models at the largest batch measured),
+    the roofline on ``gpu_name`` (``moe_roofline_table``), and one published GPU measurement (``PUBLISHED_MOE``)."""
+    lines = []
+    measured = decode_table(runs)
+    top = int(measured["batch"].max()) if len(measured) else None
+    rates = {m: measured[(measured.model == m) & (measured.batch == top)]["decode_tok_s"] for m in (tiny_dense, tiny_moe)}
+    if top is not None and all(len(r) for r in rates.values()):
+        a, b = rates[tiny_dense].item(), rates[tiny_moe].item()
+        lines.append(f"- This run (measured here, CPU): at batch {top} {tiny_moe} decodes {b:,.0f} tok/s against "
+                     f"{tiny_dense}'s {a:,.0f} ({b / a:.2f}x); both compute the same per token, so no saving can show.")
+    else:
+        lines.append(f"- This run: {tiny_dense} and {tiny_moe} were not both measured, so there is no CPU number.")
+    small, large = table.iloc[0], table.iloc[-1]
+    lines.append(
+        f"- Roofline on {gpu_name} (computed, not measured; BF16 weights, full bandwidth and compute): per token {moe} "
+        f"costs {small[f'{moe}_ms_per_token']:.3f} ms at batch {small.batch:.0f} against "
+        f"{small['same size, dense_ms_per_token']:.3f} ms for a dense model of its size "
+        f"({small['same size, dense_ms_per_token'] / small[f'{moe}_ms_per_token']:.1f}x cheaper) and "
+        f"{small[f'{dense}_ms_per_token']:.3f} ms for {dense}; at batch {large.batch:.0f} "
+        f"{large[f'{moe}_ms_per_token']:.4f} ms against {large['same size, dense_ms_per_token']:.4f} ms "
+        f"({large['same size, dense_ms_per_token'] / large[f'{moe}_ms_per_token']:.1f}x, the dense one "
+        f"{large['same size, dense_bound']}-bound) and {large[f'{dense}_ms_per_token']:.4f} ms for {dense}.")
+    lines.append(f"- Published, not from this run: {PUBLISHED_MOE['claim']} ({PUBLISHED_MOE['source']}).")
+    return lines

@@ -32,14 +32,25 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
     from helpers.engine.session import Lab
 
 __all__ = [  # this module's own, then what notebook 05 uses from the floors below
-    "KV_DTYPE_FEATURE", "QuantizationStudy", "chosen_kernels", "conclusions", "decode_rate_tok_s",
-    "eval_delta_outcome", "fraction_outcome", "growth_outcome", "kv_check", "ladder_check", "map_disagreements",
-    "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion", "too_slow_reason",
+    "KV_DTYPE_FEATURE", "PUBLISHED_FP8", "QuantizationStudy", "chosen_kernels", "conclusions", "decode_rate_tok_s",
+    "eval_delta_outcome", "fp8_beside_gpu", "fraction_outcome", "growth_outcome", "kv_check", "kv_tokens_from_log",
+    "ladder_check", "map_disagreements", "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion",
+    "startup_kv", "too_slow_reason",
     "REFERENCE_CONFIGS", "check_prediction", "format_ladder", "models_dir", "plots", "quantization_map", "report",
     "should_see", "should_see_conclusion", "size_on_disk_mb",
 ]
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
+BASELINE_NAME = "bf16 (baseline)"
+# One published GPU figure for FP8 weights+activations, shown beside this run's CPU number, labelled as not from it.
+PUBLISHED_FP8 = {
+    "claim": "FP8 W8A8 allows up to a 1.6x improvement in throughput (and a 2x reduction in model memory) with "
+             "minimal impact on accuracy, on GPUs such as NVIDIA H100 and AMD MI300x",
+    "source": "vLLM docs, 'FP8 W8A8' (https://docs.vllm.ai/en/v0.32.0/features/quantization/llm_compressor/fp8/); "
+              "the same sentence is in the v0.5.4 docs (https://docs.vllm.ai/en/v0.5.4/quantization/fp8.html) of "
+              "August 2024 (v0.5.4: vllm-project/vllm pull request 7139, 2024-08-05); a vendor's upper bound with no "
+              "setup given",
+}
 
 
 def skip_reason(profile: str, model_dir: Path | None = None, kv_cache_dtype: str | None = None) -> str | None:
@@ -60,6 +71,27 @@ def decode_rate_tok_s(lab: Lab, tokens: int = 16) -> float:
     if not timing.ok or not timing.tpot_s:
         raise RuntimeError(f"the decode probe got no timing: {timing.error or 'fewer than two tokens'}")
     return 1 / timing.tpot_s
+
+
+def kv_tokens_from_log(engine_log: str) -> int | None:
+    """The KV-cache token slots the engine logged at start-up (its last "KV cache size: N tokens" line)."""
+    found = re.findall(r"KV cache size: ([\d,]+) tokens", engine_log)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def startup_kv(lab: Lab) -> dict[str, Any]:
+    """The KV capacity the engine serving now reported at start-up (``vllm:cache_config_info``; else its log):
+    kv_capacity_tokens, num_gpu_blocks, block_size, cache_dtype, kv_cache_memory_bytes (None when not given)."""
+    from helpers.evals.scorecard import kv_capacity_tokens
+    from helpers.measure import server_metrics
+
+    try:
+        cache = server_metrics.scrape(lab.settings.metrics_url).cache_config() or {}
+    except Exception:  # noqa: BLE001 - no metrics endpoint here: the log line is the fallback
+        cache = {}
+    tokens = kv_capacity_tokens(cache) or kv_tokens_from_log(lab.engine.logs(2000))
+    return {"kv_capacity_tokens": tokens, **{k: cache.get(k) for k in
+                                             ("num_gpu_blocks", "block_size", "cache_dtype", "kv_cache_memory_bytes")}}
 
 
 def chosen_kernels(engine_log: str) -> list[str]:
@@ -83,11 +115,14 @@ def too_slow_reason(rate_tok_s: float, baseline_rate_tok_s: float, baseline_meas
 
 
 def conclusions(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[float], speed_column: str,
-                regressed: Mapping[str, list[str]], skipped: Mapping[str, str], profile: str) -> list[str]:
+                regressed: Mapping[str, list[str]], skipped: Mapping[str, str], profile: str,
+                startup: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """One line per configuration (rows[0] is the baseline), then what the run shows overall.
 
     ``baseline_speeds``: the baseline's ``speed_column`` in each of its runs (their spread is the noise);
-    ``regressed``: config -> eval categories that regressed beyond noise; ``skipped``: name -> reason."""
+    ``regressed``: config -> eval categories that regressed beyond noise; ``skipped``: name -> reason;
+    ``startup``: name -> the KV capacity the engine reported at start-up (``startup_kv``), for what was served
+    but skipped as too slow to measure."""
     base = rows[0]
     lines = [f"- {base['config']}: {_size(base)}KV capacity {_tokens(base)} tokens; {speed_column} "
              f"{_mean(baseline_speeds):.0f} tok/s over {len(baseline_speeds)} run(s); eval {_eval(base)}."]
@@ -107,7 +142,14 @@ def conclusions(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[flo
         lines.append(f"- {row['config']}: {size}KV capacity {_tokens(row)} tokens"
                      f"{f' ({kv_ratio:.2f}x)' if kv_ratio and kv_ratio != 1 else ''}; speed {verdict.describe()}: "
                      f"{verdict.label}; eval {_eval(row)}: {quality}.")
-    lines += [f"- {name}: skipped. {reason}" for name, reason in skipped.items()]
+    base_tokens = (startup or {}).get(base["config"], {}).get("kv_capacity_tokens") or base.get("kv_capacity_tokens")
+    for name, reason in skipped.items():
+        tokens = (startup or {}).get(name, {}).get("kv_capacity_tokens")
+        ratio = tokens / base_tokens if tokens and base_tokens else None
+        if ratio and ratio > 1 and name not in dict(kv_grown):
+            kv_grown.append((name, ratio))
+        at_start = f" At start-up it reported a KV capacity of {tokens:,} tokens ({ratio:.2f}x)." if ratio else ""
+        lines.append(f"- {name}: skipped. {reason}{at_start}")
     lines += _overall(faster, slower, same, kv_grown, profile)
     return lines
 
@@ -170,6 +212,8 @@ class QuantizationStudy:
         self.concurrencies, self.input_len, self.output_len = list(concurrencies), input_len, output_len
         self.num_requests, self.max_measure_s = num_requests, max_measure_s
         self.card, self.skipped, self.comparisons = Scorecard(), {}, {}
+        self.startup: dict[str, dict[str, Any]] = {}  # name -> KV capacity the engine reported at start-up
+        self.too_slow_names: list[str] = []  # served, probed, not measured (too slow here)
         self.baseline_runs: list[float] = []
         self.speed = f"c{self.concurrencies[-1]}_output_tok_s"
         self.profile = lab.settings.profile
@@ -213,9 +257,12 @@ class QuantizationStudy:
 
     def too_slow(self, name: str) -> bool:
         """Probe what the engine serves now: skip it when its eval and load test would exceed max_measure_s."""
-        return self.skip(name, too_slow_reason(decode_rate_tok_s(self.lab), self.baseline_rate_tok_s,
+        slow = self.skip(name, too_slow_reason(decode_rate_tok_s(self.lab), self.baseline_rate_tok_s,
                                                self.baseline_measure_s, self.max_measure_s,
                                                chosen_kernels(self.lab.engine.logs(1000))))
+        if slow:
+            self.too_slow_names.append(name)
+        return slow
 
     def measure_baseline(self) -> dict[str, Any]:
         """The baseline's row (the engine switched to the baseline model first); its eval run is kept."""
@@ -224,8 +271,9 @@ class QuantizationStudy:
         if self.lab.model != self.baseline:
             self.lab.engine.switch_model(self.baseline)
         self.baseline_config = self.lab.engine.config()  # what every step goes back to
+        self.startup[BASELINE_NAME] = startup_kv(self.lab)
         started = time.monotonic()
-        row, self.baseline_run = self.measure("bf16 (baseline)", self.baseline)
+        row, self.baseline_run = self.measure(BASELINE_NAME, self.baseline)
         self.baseline_measure_s, self.baseline_rate_tok_s = time.monotonic() - started, decode_rate_tok_s(self.lab)
         self.baseline_runs.append(row[self.speed])
         print(f"baseline measured in {self.baseline_measure_s:.0f} s; single-stream decode "
@@ -280,6 +328,7 @@ class QuantizationStudy:
                 except EngineStartError as err:  # vLLM refused it here: the engine is back on the last good one
                     self.skip(name, f"vLLM refused it here: {str(err).splitlines()[0]}")
                     continue
+                self.startup[name] = startup_kv(self.lab)  # read in seconds, before any load test
                 if not self.too_slow(name):
                     self._judge(name, self.measure(name, self.baseline)[1])
         finally:
@@ -298,7 +347,7 @@ class QuantizationStudy:
     def conclusions(self) -> list[str]:
         """Notebook 05's lines (``conclusions``) on this run's numbers."""
         return conclusions(self.table().to_dict("records"), self.baseline_runs, self.speed, self.regressed,
-                           self.skipped, self.profile)
+                           self.skipped, self.profile, self.startup)
 
 
 def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
@@ -312,15 +361,24 @@ def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
     return all(mb < base for _, mb in sized), f"baseline {base:.1f} MB; {detail}"
 
 
-def kv_check(rows: Sequence[Mapping[str, Any]], name: str, skipped: Mapping[str, str]) -> tuple[bool | None, str]:
-    """Did configuration ``name`` (an FP8 KV cache) hold twice the baseline's KV tokens? None when not measured."""
-    row = next((r for r in rows if r["config"] == name), None)
-    base = rows[0].get("kv_capacity_tokens") if rows else None
-    if row is None or not base or not row.get("kv_capacity_tokens"):
-        return None, f"{name} not measured: {skipped.get(name, 'left out by the parameters')}"
-    ratio = row["kv_capacity_tokens"] / base
-    return abs(ratio - 2) < 0.05, (f"{int(base):,} -> {int(row['kv_capacity_tokens']):,} KV tokens ({ratio:.2f}x) "
-                                   "in the same KV memory")
+def kv_check(startup: Mapping[str, Mapping[str, Any]], name: str, skipped: Mapping[str, str],
+             baseline: str = BASELINE_NAME) -> tuple[bool | None, str]:
+    """Did configuration ``name`` (an FP8 KV cache) hold twice the baseline's KV tokens in the same KV memory, as the
+    engine reported at start-up (``startup``: name -> ``startup_kv``)? None when it never started or the KV memory
+    differs; no load test needed."""
+    base, row = startup.get(baseline, {}), startup.get(name, {})
+    if not row.get("kv_capacity_tokens") or not base.get("kv_capacity_tokens"):
+        return None, f"{name} not started: {skipped.get(name, 'left out by the parameters')}"
+    if base.get("kv_cache_memory_bytes") != row.get("kv_cache_memory_bytes"):
+        return None, (f"not comparable: the KV memory differs ({base.get('kv_cache_memory_bytes')} vs "
+                      f"{row.get('kv_cache_memory_bytes')} bytes)")
+    ratio = row["kv_capacity_tokens"] / base["kv_capacity_tokens"]
+    memory = (f"{base['kv_cache_memory_bytes'] / 2**30:g} GiB of" if base.get("kv_cache_memory_bytes") else "the same")
+    blocks = (f"; {base['num_gpu_blocks']:,} -> {row['num_gpu_blocks']:,} blocks of {row.get('block_size')} tokens"
+              if base.get("num_gpu_blocks") and row.get("num_gpu_blocks") else "")
+    return abs(ratio - 2) < 0.05, (f"{base['kv_capacity_tokens']:,} -> {row['kv_capacity_tokens']:,} KV tokens "
+                                   f"({ratio:.2f}x{blocks}) in {memory} KV memory, {base.get('cache_dtype') or 'auto'} "
+                                   f"-> {row.get('cache_dtype') or name}, as the engine reported at start-up")
 
 
 def eval_delta_outcome(comparison: Any) -> tuple[str, str]:
@@ -352,6 +410,37 @@ def speed_conclusion(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequenc
     return Conclusion(f"none faster beyond the baseline's run-to-run spread ({len(baseline_speeds)} baseline runs)"
                       + (f"; slower: {', '.join(slower)}" if slower else ""),
                       NOT_SHOWN if slower and len(slower) == len(labels) else WITHIN_NOISE)
+
+
+def fp8_beside_gpu(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[float], speed_column: str,
+                   skipped: Mapping[str, str], reference_config: str | Path, gpu: str) -> list[str]:
+    """FP8 weights' speed three ways: this run's CPU number (each FP8 configuration against the baseline's mean, or
+    why it was not measured), the roofline's batch-1 decode ceiling (bandwidth / weight bytes) for the model of
+    ``reference_config`` on ``gpu`` in BF16 and FP8, and one published GPU figure (``PUBLISHED_FP8``)."""
+    from helpers.hardware.gpus import get_gpu
+    from helpers.planning.roofline import single_stream_tokens_per_s
+    from helpers.planning.shape import count_params
+    from helpers.planning.weights import weight_bytes
+
+    base = _mean(baseline_speeds)
+    lines = [f"- This run (measured here): {r['config']} {r[speed_column]:.0f} tok/s against the baseline's {base:.0f} "
+             f"({r[speed_column] / base:.2f}x)" for r in rows[1:] if _is_fp8_weights(r["config"])]
+    lines += [f"- This run: {name} not measured. {reason.split(':')[0]}." for name, reason in skipped.items()
+              if _is_fp8_weights(name)]
+    lines = lines or ["- This run: no configuration with FP8 weights was served (VARIANTS, ONLINE_QUANTIZATION)."]
+    card, counts = get_gpu(gpu), count_params(Path(reference_config))
+    bf16, fp8 = weight_bytes(counts, "bf16"), weight_bytes(counts, "fp8")
+    ceiling_bf16, ceiling_fp8 = single_stream_tokens_per_s(card, bf16), single_stream_tokens_per_s(card, fp8)
+    lines.append(f"- Roofline (computed, not measured): {Path(reference_config).stem} on {card.name} "
+                 f"({card.bandwidth_gb_s:,.0f} GB/s) decodes one stream at most at {ceiling_bf16:.0f} tok/s in BF16 "
+                 f"({bf16 / 1e9:.1f} GB of weights) and {ceiling_fp8:.0f} tok/s in FP8 ({fp8 / 1e9:.1f} GB): "
+                 f"{ceiling_fp8 / ceiling_bf16:.2f}x, the bytes each step reads (embeddings stay BF16).")
+    lines.append(f"- Published, not from this run: {PUBLISHED_FP8['claim']} ({PUBLISHED_FP8['source']}).")
+    return lines
+
+
+def _is_fp8_weights(name: str) -> bool:
+    return "fp8" in name and not name.startswith("kv-cache")
 
 
 def planned_kv_tokens(reference_config: str | Path, gpu: str, weight_dtype: str, kv_dtype: str = "bf16",
@@ -388,12 +477,13 @@ def ladder_check(ladder: pd.DataFrame, fmt: str = "int4") -> tuple[bool, str]:
 
 def map_disagreements(table: pd.DataFrame) -> list[str]:
     """Rows where the probe and this run disagree: measured although the probe said no, or skipped although
-    it said yes (the docs or the probe are then out of date for this machine)."""
+    it said yes (the docs or the probe are then out of date for this machine). A configuration served but too slow
+    to measure ("served, not measured") is no disagreement either way: it was not measured."""
     out = []
     for _, r in table.iterrows():
-        probe_no, run = str(r["this machine (probe)"]).startswith("no"), str(r["this run"])
-        if probe_no and run.startswith("measured"):
-            out.append(f"{r['scheme']}: {run} although the probe said '{r['this machine (probe)']}'")
-        elif str(r["this machine (probe)"]).startswith("yes") and "skipped" in run and not run.startswith("measured"):
+        probe, run = str(r["this machine (probe)"]), str(r["this run"])
+        if probe.startswith("no") and run.startswith("measured"):
+            out.append(f"{r['scheme']}: {run} although the probe said '{probe}'")
+        elif probe.startswith("yes") and any(part.endswith("skipped") for part in run.split("; ")):
             out.append(f"{r['scheme']}: {run} although the probe said yes")
     return out

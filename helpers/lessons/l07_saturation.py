@@ -43,19 +43,20 @@ from helpers.measure.routing import (AgentWorkload, PolicyComparison, compare_po
                                      conclude_later_turns, cpu_caveat, gpu_expectation)
 from helpers.measure.saturation import SweepAnalysis
 from helpers.measure.workloads import Workload
-from helpers.planning import token_price
+from helpers.planning import price_curve, token_price
 from helpers.planning.token_price import ROOFLINE_MARGIN
 
 __all__ = [
     # re-exported from the floors below (and the shared figures), for the notebook
     "Workload", "check_prediction", "check_quiet", "failover", "plots", "ratio_outcome", "report", "routing",
-    "saturation", "should_see", "should_see_conclusion", "summarize", "sweep_table", "token_price",
+    "saturation", "should_see", "should_see_conclusion", "summarize", "sweep_table", "token_price", "price_curve",
     # this lesson's own
     "TPOT_FALL", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome", "client_lag_conclusion",
     "control_conclusion", "failure_timeline", "faster_is_dearer", "goodput_conclusion", "gpus_needed_conclusion",
     "knee_sentence", "lesson_replica_set", "lift_conclusion", "pareto_fold_conclusion", "price_conclusions",
     "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions", "slo_rule",
-    "steadiness_conclusion", "waiting_if_cap",
+    "steadiness_conclusion", "waiting_if_cap", "TALK_PRICES", "price_gap", "price_gap_conclusions",
+    "PUBLISHED_BATCHING", "batching_beside_gpu", "batching_conclusion",
 ]
 
 
@@ -305,6 +306,80 @@ def price_conclusions(here: pd.DataFrame, talk: pd.DataFrame, gpus: pd.DataFrame
     return [faster_is_dearer(here, "Price of a token on this machine (measured sweeps)"),
             gpus_needed_conclusion(gpus, talk_gpu, model, input_len, output_len),
             faster_is_dearer(talk, f"{model} on {talk_gpu} (roofline)", ROOFLINE_MARGIN)]
+
+
+# ---------------------------------------------------------------- the talk's price curve, term by term
+
+# The talk this lesson grew from, its slide on the price of a token against latency: other vendors' selling price for
+# Llama 3 70B (BF16, H100), 1K tokens in and 1K out, in USD per million tokens at a TPOT of 10, 20 and 30 ms.
+TALK_PRICES = {10: 0.71, 20: 0.50, 30: 0.46}
+TALK_LABEL = "the talk"
+EXPLAINED_WITHIN = 0.25  # the adjusted price "explains" the talk's when within this share of it at every target
+
+
+def price_gap(model: token_price.ModelOnGPU, config: Any, gpu: str, num_gpus: int, input_len: int, output_len: int,
+              targets_ms: Sequence[float] = tuple(TALK_PRICES)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(prices, attribution): the ideal and term-by-term prices at ``targets_ms`` and the talk's targets on ``num_gpus``
+    of ``gpu`` at the facts table's hourly price, and each term's share of the gap to ``TALK_PRICES``
+    (price_curve.REAL_STEP, fixed before any curve is drawn)."""
+    from helpers.hardware.gpus import get_gpu, hourly_price
+
+    one, shape = get_gpu(gpu), price_curve.shape_of(model, config)
+    limit = token_price.max_batch(one, num_gpus, model, input_len + output_len)
+    if limit < 1:
+        raise ValueError(f"{model.name} and one request's KV do not fit on {num_gpus}x {gpu}: raise TALK_NUM_GPUS")
+    targets = sorted(set(targets_ms) | set(TALK_PRICES))  # the talk's targets always, to compare with
+    prices = price_curve.term_prices(one, num_gpus, shape, limit, hourly_price(gpu).usd_per_hour * num_gpus,
+                                     input_len, output_len, targets)
+    return prices, price_curve.term_attribution(prices, TALK_PRICES)
+
+
+def price_gap_conclusions(attribution: pd.DataFrame) -> list[Conclusion]:
+    """``price_curve.gap_conclusions`` against ``TALK_PRICES``: steeper than the ideal, each term's share, explained."""
+    return price_curve.gap_conclusions(attribution, TALK_LABEL, EXPLAINED_WITHIN, ROOFLINE_MARGIN)
+
+
+# ---------------------------------------------------------------- batching on a GPU, beside this CPU's
+
+# One published GPU measurement, NOT from this run: vLLM RFC #6913 "Asynchronous Output Processor" (2024-07-29),
+# Llama 3 70B Instruct in FP8 (dynamic scaling) on 4x H100, 128 input tokens: TPOT 19 ms at batch 1, 25 ms at batch 32.
+PUBLISHED_BATCHING = {"source": "github.com/vllm-project/vllm/issues/6913 (2024-07-29)", "num_gpus": 4,
+                      "model": "Llama-3.3-70B", "dtype": "fp8", "context": 128, "batches": (1, 32),
+                      "tpot_ms": (19.0, 25.0), "what": "Llama 3 70B FP8 on 4x H100, vLLM"}
+
+
+def batching_beside_gpu(table: pd.DataFrame, gpu: str) -> pd.DataFrame:
+    """Batching's gain three ways: this run's sweep (concurrency 1 against the top), the roofline of the published
+    case on 4x ``gpu``, and the published measurement (not from this run): batches, TPOTs, throughput gain."""
+    run = table.dropna(subset=["median_tpot_ms", "output_throughput"]).sort_values("concurrency")
+    lo, hi = run.iloc[0], run.iloc[-1]
+    pub = PUBLISHED_BATCHING
+    model = token_price.model_on_gpu(pub["model"], token_price.reference_config(pub["model"]), pub["dtype"])
+    roof = [token_price.group_tpot_ms(gpu, pub["num_gpus"], model, b, pub["context"], pub["dtype"]) for b in pub["batches"]]
+
+    def row(label: str, batches: Sequence[float], tpots: Sequence[float], gain: float | None = None) -> dict:
+        gain = gain if gain is not None else (batches[1] / tpots[1]) / (batches[0] / tpots[0])
+        return {"setup": label, "batch_low": batches[0], "batch_high": batches[1], "tpot_low_ms": tpots[0],
+                "tpot_high_ms": tpots[1], "throughput_gain": gain}
+
+    return pd.DataFrame([
+        row("this machine (measured in this run)", (lo.concurrency, hi.concurrency), (lo.median_tpot_ms, hi.median_tpot_ms),
+            hi.output_throughput / lo.output_throughput),
+        row(f"roofline: {pub['what'].split(', ')[0].replace('H100', gpu)}", pub["batches"], roof),
+        row(f"published, not from this run: {pub['what']} ({pub['source']})", pub["batches"], pub["tpot_ms"]),
+    ])
+
+
+def batching_conclusion(frame: pd.DataFrame) -> Conclusion:
+    """This machine's batching gain beside the GPU's roofline and the published measurement."""
+    here, roof, pub = frame.to_dict("records")
+    return Conclusion(f"Batching: here {here['batch_high'] / here['batch_low']:.0f}x the users bought "
+                      f"{here['throughput_gain']:.1f}x the output tokens/s (TPOT {here['tpot_low_ms']:.0f} -> "
+                      f"{here['tpot_high_ms']:.0f} ms); on a GPU the roofline predicts {roof['throughput_gain']:.0f}x for "
+                      f"{roof['batch_high'] / roof['batch_low']:.0f}x the batch (TPOT {roof['tpot_low_ms']:.1f} -> "
+                      f"{roof['tpot_high_ms']:.1f} ms), and a published vLLM measurement (not from this run) shows "
+                      f"{pub['throughput_gain']:.0f}x (TPOT {pub['tpot_low_ms']:.0f} -> {pub['tpot_high_ms']:.0f} ms): a "
+                      "GPU step reads the weights once for the whole batch, a CPU's few cores compute each sequence.")
 
 
 # ---------------------------------------------------------------- beyond one engine: replicas behind the router

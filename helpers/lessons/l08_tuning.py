@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples, relative_spread
+from helpers.core.comparison import (BETTER, SAME, SINGLE_RUN_NOISE_REL, UNKNOWN, WORSE, compare_samples,
+                                     relative_spread)
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
-from helpers.core.lesson import check_prediction, should_see
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
 from helpers.core.vllm_args import EngineConfig, server_args
 from helpers.core.settings import GPU_MODEL, Settings, models_dir
+from helpers.evals.structured import FREE, SCHEMA, run_structured_ab
+from helpers.evals.structured import summary as structured_summary
 from helpers.hardware.machine import check_quiet
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
@@ -36,12 +39,19 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 
 __all__ = [
     # re-exported from the floors below, for the notebook
-    "check_prediction", "check_quiet", "models_dir", "report", "should_see",
+    "check_prediction", "check_quiet", "models_dir", "report", "should_see", "should_see_conclusion",
     # this lesson's own
-    "Decision", "Rule", "TuningLog", "TuningRun", "baseline_restored", "cluster_model", "command_line", "decide",
-    "deployment_caveat", "hypothetical_row", "kv_capacity_check", "manifest_patch", "measure_repeated",
-    "relative_rule", "rule_outcome", "scorecard_view", "tune_one_flag_at_a_time", "tuning_conclusions",
+    "CPU_ONLY_FLAGS", "Decision", "Rule", "TuningLog", "TuningRun", "baseline_restored", "cluster_model",
+    "command_line", "decide", "deployment_caveat", "gpu_configuration", "gpu_line_check", "hypothetical_row", "kv_capacity_check",
+    "manifest_patch", "measure_repeated", "relative_rule", "rule_outcome", "run_structured_ab", "scorecard_view",
+    "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
 ]
+# Flags and environment the CPU profile needs and a GPU must not inherit (helpers.engine.interface.default_config)
+CPU_ONLY_FLAGS = {
+    "--enforce-eager": "on a GPU it turns CUDA graphs off (slower decode); the CPU lab sets it to start sooner",
+    "--kv-cache-memory-bytes": "the CPU build's KV-memory knob; on a GPU what --gpu-memory-utilization leaves after "
+                               "the weights becomes KV cache",
+}
 
 
 @dataclass(frozen=True)
@@ -242,13 +252,55 @@ def manifest_patch(config: EngineConfig, deployment: str = "vllm", container: st
     return yaml.safe_dump(patch, sort_keys=False)
 
 
+def gpu_configuration(baseline: EngineConfig, final: EngineConfig, profile: str,
+                      gpu_baseline: EngineConfig | None = None) -> tuple[EngineConfig, list[str]]:
+    """The configuration to write out for a GPU and one line per kept change. On the CPU profile: the GPU profile's
+    baseline (``gpu_baseline``, default ``helpers.engine.interface.default_config`` of the gpu profile) plus each
+    flag the run kept (``final`` against ``baseline``), marked as measured only on the CPU; the CPU-only flags
+    (``CPU_ONLY_FLAGS``) and the CPU engine's environment are left out. Elsewhere ``final`` as it is."""
+    from helpers.core.vllm_args import flags, with_flag
+
+    before, after = flags(baseline.args), flags(final.args)
+    changed = [(f, v) for f, v in after.items() if before.get(f) != v] + [(f, None) for f in before if f not in after]
+    if profile != "cpu":
+        return final, [f"- {f} {v if v is not None else '(removed)'}: kept, measured on this {profile} engine"
+                       for f, v in changed] or [f"- no change kept: the {profile} baseline as it is"]
+    if gpu_baseline is None:
+        from helpers.core.settings import load_settings
+        from helpers.engine.interface import default_config
+
+        gpu_baseline = default_config(load_settings({"WORKSHOP_PROFILE": "gpu"}))
+    args, notes = gpu_baseline.args, []
+    for flag, value in changed:
+        shown = f"{flag} {value if value is not None else '(removed)'}"
+        if flag in CPU_ONLY_FLAGS:
+            notes.append(f"- {shown}: kept on the CPU, not carried over ({CPU_ONLY_FLAGS[flag]})")
+            continue
+        args = with_flag(args, flag, value)
+        notes.append(f"- {shown}: kept on the CPU and carried over, measured only on the CPU: measure it on the GPU "
+                     "before you trust it")
+    notes = notes or ["- no change kept: the GPU profile's baseline as it is"]
+    return replace(gpu_baseline, args=args, env=()), notes
+
+
+def gpu_line_check(command: str) -> tuple[bool, str]:
+    """Is a written-out GPU command line free of the CPU lab's workarounds (``CPU_ONLY_FLAGS``, the in-process
+    engine core)? (seen, what was found)."""
+    from helpers.engine.interface import CPU_ENGINE_ENV
+
+    found = [f for f in CPU_ONLY_FLAGS if f in command.split()] + [k for k, _ in CPU_ENGINE_ENV if k in command]
+    return not found, f"CPU-only: {', '.join(found)}" if found else "none of " + ", ".join(
+        [*CPU_ONLY_FLAGS, *(k for k, _ in CPU_ENGINE_ENV)])
+
+
 def deployment_caveat(profile: str) -> Conclusion:
     """What the written-out configuration is worth where it will run."""
     if profile == "cpu":
-        return Conclusion("CPU vs GPU: these flags were tuned on the CPU lab's tiny model; the cluster serves "
-                          f"{GPU_MODEL} on a GPU, where the memory knob is --gpu-memory-utilization and the knee lies "
-                          "elsewhere. Treat the patch as the format, and run this notebook on the cluster "
-                          "(WORKSHOP_PROFILE=k8s) to get its numbers.")
+        return Conclusion("CPU vs GPU: the command and the patch start from the GPU profile's baseline (CUDA graphs "
+                          "on, --gpu-memory-utilization as the memory knob) plus the changes this run kept; those were "
+                          f"measured on the CPU lab's tiny model, while the cluster serves {GPU_MODEL} on a GPU, where "
+                          "the knee lies elsewhere. Run this notebook on the cluster (WORKSHOP_PROFILE=k8s) to measure "
+                          "them there.")
     return Conclusion("Tuned on this engine: the same flags on another GPU type need their own run.")
 
 
@@ -348,3 +400,56 @@ def scorecard_view(scorecard: Any, top: int) -> Any:
     columns = ["step", "change", "kept", "why", "kv_capacity_tokens", "c1_mean_tpot_ms", f"c{top}_output_tok_s",
                f"c{top}_p90_ttft_ms", "all_pass_rate"]
     return scorecard[[c for c in columns if c in scorecard]].round(2)
+
+
+# ---------------------------------------------------------------- structured output (section 5)
+
+def structured_validity(frame: Any) -> Conclusion:
+    """Did the JSON schema make more answers valid (the eval's parser: parses and matches the schema)? Paired by task
+    on the first round (greedy answers repeat), exact McNemar on the tasks that flipped."""
+    from helpers.evals.suite import mcnemar_p
+
+    first = frame[frame["round"] == frame["round"].min()].pivot(index="id", columns="mode", values="valid")
+    n = len(first)
+    schema, free = int(first[SCHEMA].sum()), int(first[FREE].sum())
+    gained = int((first[SCHEMA] & ~first[FREE]).sum())
+    lost = int((~first[SCHEMA] & first[FREE]).sum())
+    p = mcnemar_p(lost, gained) if gained + lost else 1.0
+    text = (f"valid JSON of the schema: {schema}/{n} answers with the schema, {free}/{n} without "
+            f"({gained} task(s) became valid, {lost} became invalid; McNemar p = {p:.3g})")
+    expectation = "a JSON schema makes the answers valid"
+    if p < 0.05 and gained > lost:
+        return Conclusion(text + ": the grammar made the difference.", SHOWN, expectation)
+    if p < 0.05:
+        return Conclusion(text + ": the schema made answers worse, beyond noise; read the outputs.", NOT_SHOWN,
+                          expectation)
+    why = (" Without the schema the model already answers valid JSON here, so there was little to fix." if free == n
+           else "")
+    return Conclusion(text + ": no difference beyond noise." + why, WITHIN_NOISE, expectation)
+
+
+def structured_tpot(frame: Any) -> Conclusion:
+    """What the grammar costs per output token: per-round median TPOT with and without the schema, judged against
+    the rounds' spread (``compare_samples``)."""
+    from helpers.evals.structured import round_medians
+
+    medians = round_medians(frame)
+    verdict = compare_samples(medians[FREE], medians[SCHEMA], higher_is_better=False)
+    spread = (f"{min(medians[SCHEMA]):.2f}-{max(medians[SCHEMA]):.2f} ms with the schema, "
+              f"{min(medians[FREE]):.2f}-{max(medians[FREE]):.2f} ms without, over {len(medians[SCHEMA])} round(s)")
+    expectation = "the grammar costs time per output token"
+    if verdict.label == UNKNOWN:
+        return Conclusion("time per output token: no answer of two or more tokens on one side, nothing to compare.",
+                          "", expectation)
+    head = f"time per output token {verdict.mean_b:.2f} ms with the schema vs {verdict.mean_a:.2f} ms without"
+    if verdict.label == WORSE:
+        return Conclusion(f"{head} ({verdict.ratio - 1:+.0%}; per-round medians {spread}): the token mask costs "
+                          f"about {verdict.mean_b - verdict.mean_a:.2f} ms per step here, beyond the rounds' spread. "
+                          "Its share depends on how long a step is: beside the tiny model's short step it weighs more "
+                          "than beside the longer step of a large model.", SHOWN, expectation)
+    if verdict.label == BETTER:
+        return Conclusion(f"{head} ({verdict.ratio - 1:+.0%}; {spread}): faster with the schema, beyond the spread: "
+                          "not a cost of the grammar, likely the machine drifting between rounds.", NOT_SHOWN,
+                          expectation)
+    return Conclusion(f"{head} ({verdict.ratio - 1:+.0%}; {spread}): no measurable cost, within the rounds' spread "
+                      f"(+/-{verdict.noise_rel:.0%}).", WITHIN_NOISE, expectation)

@@ -1,7 +1,7 @@
 """Speculative decoding's expected accepted length: the formula for independent guesses, (1 - a^(k+1)) / (1 - a)
 tokens per verification step (Leviathan et al. 2023), against what vLLM's spec-decode counters measured.
 
-Pure arithmetic on run tables (``helpers.lessons.l06_speculative.measure_speculation`` rows: ``spec_drafts`` and
+Pure arithmetic on run tables (``helpers.lessons.l06.runs.measure_speculation`` rows: ``spec_drafts`` and
 ``per_position_acceptance``), so a figure module may use it; notebook 06's verdict on the formula
 (``formula_conclusion``) lives in its lesson module.
 """
@@ -63,3 +63,19 @@ def more_guesses(a: float, k_from: int, k_to: int) -> tuple[float, str]:
     ceiling = "no ceiling (every guess accepted)" if a >= 1 else f"no k gives more than 1/(1-a) = {1 / (1 - a):.2f}"
     return after - before, (f"a = {a:.0%}: k={k_from} gives {before:.2f} tokens per step, k={k_to} {after:.2f} "
                             f"({after - before:+.2f}), while each extra guess costs a draft step; {ceiling}")
+
+
+def first_guess_acceptance(runs: pd.DataFrame, config: str, concurrency: int) -> float | None:
+    """The share of first guesses accepted (vLLM's per-position counters pooled over runs, weighted by drafts) of
+    ``config`` at ``concurrency``; None when it proposed no drafts there."""
+    group = runs[(runs.config == config) & (runs.concurrency == concurrency)]
+    _, rates = _pooled_positions(group) if "per_position_acceptance" in group else (0.0, None)
+    return rates[0] if rates else None
+
+
+def speculative_speedup(expected_tokens_per_step: float, k: int, cost_per_guess: float) -> float:
+    """The decode speed-up E / (1 + k c): ``expected_tokens_per_step`` E per verification step, which costs one target
+    step plus ``k`` guesses at ``cost_per_guess`` c target steps each (Leviathan et al. 2023, Theorem 3.8)."""
+    if k < 0 or cost_per_guess < 0:
+        raise ValueError("k and the cost per guess c are >= 0")
+    return expected_tokens_per_step / (1 + k * cost_per_guess)

@@ -6,7 +6,7 @@ Prices are always parameters: pass the figure you pay and keep its source next t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from helpers.core.conclusion import Conclusion
 
@@ -25,6 +25,28 @@ def usd_per_million_tokens(hourly_usd: float, tokens_per_s: float) -> float:
 def api_cost_usd(prompt_tokens: int, completion_tokens: int, usd_per_m_input: float, usd_per_m_output: float) -> float:
     """What a pay-per-token API would charge, in USD, for the given token counts."""
     return (prompt_tokens * usd_per_m_input + completion_tokens * usd_per_m_output) / 1e6
+
+
+def cached_prefix_tokens(prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
+                         min_prefix_tokens: int = 0) -> list[int]:
+    """Prompt tokens of each call of one conversation that a warm prompt cache would bill as cached: the
+    previous call's prompt and answer, which this call re-sends first, when at least ``min_prefix_tokens``."""
+    if len(prompt_tokens) != len(completion_tokens):
+        raise ValueError("need one completion count per prompt")
+    cached = [0]
+    for i in range(1, len(prompt_tokens)):
+        prefix = min(prompt_tokens[i], prompt_tokens[i - 1] + completion_tokens[i - 1])
+        cached.append(prefix if prefix >= min_prefix_tokens else 0)
+    return cached[:len(prompt_tokens)]
+
+
+def api_cost_cached_usd(prompt_tokens: int, cached_tokens: int, completion_tokens: int, usd_per_m_input: float,
+                        usd_per_m_cached_input: float, usd_per_m_output: float) -> float:
+    """What an API charges in USD when ``cached_tokens`` of the ``prompt_tokens`` are billed at the cached price."""
+    if not 0 <= cached_tokens <= prompt_tokens:
+        raise ValueError("cached_tokens must be between 0 and prompt_tokens")
+    return ((prompt_tokens - cached_tokens) * usd_per_m_input + cached_tokens * usd_per_m_cached_input
+            + completion_tokens * usd_per_m_output) / 1e6
 
 
 def api_usd_per_million_output_tokens(prompt_tokens: int, completion_tokens: int, usd_per_m_input: float,

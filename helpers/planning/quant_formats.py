@@ -199,15 +199,17 @@ def machine_verdict(scheme: Scheme, profile: str, vllm_methods: tuple[str, tuple
 
 
 def quantization_map(profile: str, measured: Iterable[str] = (), skipped: Mapping[str, str] | None = None,
-                     cpu: object | None = None) -> pd.DataFrame:
+                     cpu: object | None = None, too_slow: Iterable[str] = ()) -> pd.DataFrame:
     """The map, one row per scheme: bits, what is quantized, calibration, hardware, vLLM flag/loader, whether
     this machine can serve it (probe) and what this run did with it (``measured``: notebook 05's configuration
-    names measured; ``skipped``: name -> reason)."""
-    methods, skipped, measured = installed_vllm_methods(), dict(skipped or {}), set(measured)
+    names measured; ``skipped``: name -> reason; ``too_slow``: names served but too slow to measure here, which
+    read "served, not measured", not "skipped")."""
+    methods, skipped, measured, slow = installed_vllm_methods(), dict(skipped or {}), set(measured), set(too_slow)
     rows = []
     for s in schemes():
         done = [c for c in s.configs if c in measured]
-        not_done = [f"{c} skipped" for c in s.configs if c in skipped]
+        not_done = [f"{c} served, not measured (too slow here)" if c in slow else f"{c} skipped"
+                    for c in s.configs if c in skipped or c in slow]
         rows.append({"scheme": s.name, "kind": s.kind, "bits": round(s.bits, 2), "quantized": s.quantized,
                      "calibration": s.calibration, "accelerated on": s.hardware, "vLLM": s.vllm,
                      "this machine (probe)": machine_verdict(s, profile, methods, cpu),

@@ -7,6 +7,18 @@ tower is not. DeepSeek's multi-token-prediction layers (``num_nextn_predict_laye
 counted either: vLLM loads them only for speculative decoding.
 
 Formulas: parameter shapes as Hugging Face transformers builds each layer from config.json.
+
+gpt-oss (``model_type`` "gpt_oss"; transformers' ``GptOssConfig`` and ``modeling_gpt_oss.py``): q/k/v/o with
+biases, one learned attention-sink logit per head, alternating sliding-window (128) and full layers, a router
+with a bias, and experts with gate_up and down biases. The published configs (gpt-oss-120b: 36 layers, 128
+experts; gpt-oss-20b: 24 layers, 32 experts; both hidden 2880, expert width 2880, 64 query heads of 64, 8 KV
+heads, vocabulary 201,088, top-4; https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json and
+.../gpt-oss-20b/blob/main/config.json as quoted in public code, read 2026-12-01) declare
+``quant_method: mxfp4`` with ``modules_to_not_convert`` = self_attn, router, embed_tokens, lm_head: the checkpoint
+stores only the expert matrices as MXFP4 (``*_blocks`` uint8, two 4-bit values a byte, and ``*_scales`` uint8,
+one 8-bit exponent per 32 values: 4.25 bits), and attention, sinks, router, expert biases, embeddings and norms in
+BF16. OpenAI's gpt-oss-120b & gpt-oss-20b Model Card (arXiv 2508.10925, August 2025), Table 1: 116.83B and
+20.91B parameters, checkpoints of 60.8 GiB and 12.8 GiB; ``tests/test_gpt_oss.py`` holds the planner to both.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ GIB = 1 << 30  # vLLM's GiB_bytes (vllm/utils/mem_constants.py)
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl",
     "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "gemma2", "gemma3", "gemma3_text", "deepseek_v2",
-    "deepseek_v3", "kimi_k2",
+    "deepseek_v3", "kimi_k2", "gpt_oss",
 })
 
 
@@ -144,6 +156,9 @@ class ModelShape:
     shared_expert_intermediate_size: int = 0  # total width of the shared expert(s)
     shared_expert_gate: bool = False
     router_bias: bool = False
+    expert_bias: bool = False  # gpt-oss: a bias on every expert's gate_up (2*I_moe) and down (H) projection
+    attention_sinks: bool = False  # gpt-oss: one learned softmax-denominator logit per query head
+    quantize_attention: bool = True  # False when quantization_config keeps self_attn unconverted (gpt-oss)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -200,14 +215,20 @@ def _assumption_notes(cfg: Mapping[str, Any], model_type: str, num_heads: int, m
     if model_type not in KNOWN_MODEL_TYPES:
         which = f"model_type {model_type!r} is" if model_type else "config.json has no model_type, so it is"
         notes.append(f"{which} not an architecture the planner knows (Llama, Mistral, Mixtral, Qwen2/Qwen3 dense, "
-                     "MoE, Next and VL, Gemma 2/3, DeepSeek-V2/V3, Kimi K2): its parameters are counted as for a "
-                     "Llama-style decoder (q/k/v/o projections, a gated MLP, two norms per layer); compare the total "
+                     "MoE, Next and VL, Gemma 2/3, DeepSeek-V2/V3, Kimi K2, gpt-oss): its parameters are counted as "
+                     "for a Llama-style decoder (q/k/v/o projections, a gated MLP, two norms per layer); compare the total "
                      "with the model card")
     if "num_key_value_heads" not in cfg and not mla:
         notes.append(f"config.json has no num_key_value_heads: assumed {num_heads}, equal to num_attention_heads "
                      "(no grouped-query attention), as transformers does; if the model uses GQA its KV cache is "
                      "smaller than shown")
     return tuple(notes)
+
+
+def _keeps_attention_unquantized(quantization: Mapping[str, Any] | None) -> bool:
+    """True when a quantization_config's ``modules_to_not_convert`` names the attention blocks (gpt-oss)."""
+    skipped = (quantization or {}).get("modules_to_not_convert") or []
+    return any("self_attn" in str(pattern) for pattern in skipped)
 
 
 def model_shape(source: ModelSource | ModelShape) -> ModelShape:
@@ -262,6 +283,8 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
     else:
         qkv_bias, o_bias = model_type.startswith("qwen2"), False
     gemma_like = model_type.startswith(("gemma2", "gemma3"))
+    gpt_oss = model_type == "gpt_oss"
+    quantization = top.get("quantization_config") or cfg.get("quantization_config")
     return ModelShape(
         name=_model_name(source, top),
         model_type=model_type,
@@ -280,7 +303,10 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
         moe_intermediate_size=moe_inter,
         shared_expert_intermediate_size=shared_inter,
         shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),  # Qwen: sigmoid gate Linear(H, 1)
-        router_bias=cfg.get("topk_method") == "noaux_tc",  # DeepSeek-V3: e_score_correction_bias
+        router_bias=cfg.get("topk_method") == "noaux_tc" or gpt_oss,  # DeepSeek-V3: e_score_correction_bias
+        expert_bias=gpt_oss,
+        attention_sinks=gpt_oss,
+        quantize_attention=not _keeps_attention_unquantized(quantization),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
@@ -291,7 +317,7 @@ def model_shape(source: ModelSource | ModelShape) -> ModelShape:
         max_position_embeddings=_int(cfg, "max_position_embeddings", 0) or None,
         mla=mla,
         linear_attention=linear,
-        quantization_config=top.get("quantization_config") or cfg.get("quantization_config"),
+        quantization_config=quantization,
         notes=_assumption_notes(cfg, model_type, num_heads, mla is not None),
     )
 
@@ -310,7 +336,9 @@ class ParamCounts:
     lm_head: int  # V*H, or 0 when tied to the embedding
     linear_total: int  # linear-layer weights inside the decoder blocks: what weight quantization shrinks
     linear_active: int
-    other: int  # norms, routers, biases, convolutions: kept in BF16
+    other: int  # norms, routers, biases, sinks, convolutions: kept in BF16
+    quantizable_total: int  # the linear weights a weight format applies to: all of them, or only the MLPs and
+    quantizable_active: int  # experts when quantization_config keeps attention in BF16 (gpt-oss)
     expert_params: int  # one routed expert of one layer (3*H*I_moe); 0 for dense models
     num_moe_layers: int
     num_experts: int
@@ -342,44 +370,52 @@ def _attention_params(s: ModelShape, kind: str) -> tuple[int, int]:
     kv_out = s.num_kv_heads * s.head_dim
     linear = H * q_out + 2 * H * kv_out + s.num_heads * s.head_dim * H
     other = (q_out + 2 * kv_out if s.qkv_bias else 0) + (H if s.o_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
-    return linear, other
+    return linear, other + (s.num_heads if s.attention_sinks else 0)
 
 
-def _mlp_params(s: ModelShape, layer: int) -> tuple[int, int, int]:
-    """(linear weights total, linear weights active, other params) of one layer's MLP or MoE."""
+def _mlp_params(s: ModelShape, layer: int) -> tuple[int, int, int, int]:
+    """(linear weights total, linear weights active, other params total, other params active) of one layer's
+    MLP or MoE; the other params differ only by the expert biases of the experts a token does not use."""
     H = s.hidden_size
     if not s.moe_layers[layer]:
         linear = 3 * H * s.intermediate_size  # gate, up, down
-        return linear, linear, (2 * s.intermediate_size + H if s.mlp_bias else 0)
+        other = 2 * s.intermediate_size + H if s.mlp_bias else 0
+        return linear, linear, other, other
     expert = 3 * H * s.moe_intermediate_size
     shared = 3 * H * s.shared_expert_intermediate_size
     other = H * s.num_experts + (s.num_experts if s.router_bias else 0) + (H if s.shared_expert_gate else 0)
-    return s.num_experts * expert + shared, s.experts_per_token * expert + shared, other
+    bias = 2 * s.moe_intermediate_size + H if s.expert_bias else 0  # gpt-oss: gate_up_proj_bias, down_proj_bias
+    return (s.num_experts * expert + shared, s.experts_per_token * expert + shared,
+            other + s.num_experts * bias, other + s.experts_per_token * bias)
 
 
 def count_params(source: ModelSource | ModelShape) -> ParamCounts:
     """Total and active parameter counts from the config alone (no weights are read)."""
     s = model_shape(source)
     H = s.hidden_size
-    linear_total = linear_active = 0
-    other = H  # final norm
+    linear_total = linear_active = attention_linear = 0
+    other = other_active = H  # final norm
     for i, kind in enumerate(s.layer_kinds):
         a_linear, a_other = _attention_params(s, kind)
-        m_total, m_active, m_other = _mlp_params(s, i)
+        m_total, m_active, m_other, m_other_active = _mlp_params(s, i)
+        attention_linear += a_linear
         linear_total += a_linear + m_total
         linear_active += a_linear + m_active
         other += a_other + m_other + s.norms_per_layer * H
+        other_active += a_other + m_other_active + s.norms_per_layer * H
     embedding = s.vocab_size * H
     lm_head = 0 if s.tie_word_embeddings else s.vocab_size * H
-    fixed = embedding + lm_head + other
+    kept = 0 if s.quantize_attention else attention_linear  # linear weights the checkpoint keeps in BF16
     return ParamCounts(
-        total=fixed + linear_total,
-        active=fixed + linear_active,
+        total=embedding + lm_head + other + linear_total,
+        active=embedding + lm_head + other_active + linear_active,
         embedding=embedding,
         lm_head=lm_head,
         linear_total=linear_total,
         linear_active=linear_active,
         other=other,
+        quantizable_total=linear_total - kept,
+        quantizable_active=linear_active - kept,
         expert_params=3 * H * s.moe_intermediate_size if s.num_experts else 0,
         num_moe_layers=s.num_moe_layers,
         num_experts=s.num_experts,

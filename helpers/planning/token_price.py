@@ -179,6 +179,16 @@ def gpu_price_table(prices: Mapping[str, float], model: ModelOnGPU, targets_ms: 
 
 # ---------------------------------------------------------------- the figure
 
+def finish_price_axes(fig: "Figure", ax: Any, title: str) -> "Figure":
+    """The price plots' axes: USD per million output tokens (log) against the TPOT target (ms), legend outside."""
+    ax.set_yscale("log")
+    ax.set_xlabel("target: time per output token per user (ms)")
+    ax.set_ylabel("USD per million output tokens")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return fig
+
+
 def plot_price_vs_target(curves: Mapping[str, "pd.DataFrame"], title: str) -> "Figure":
     """USD per million output tokens (log) against the TPOT target (ms): one line per ``cheapest_at_targets``
     frame of ``curves`` (label -> frame); a target a setup cannot meet leaves a gap."""
@@ -187,12 +197,7 @@ def plot_price_vs_target(curves: Mapping[str, "pd.DataFrame"], title: str) -> "F
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
     for label, frame in curves.items():
         ax.plot(frame["target_tpot_ms"], frame["usd_per_million_tokens"], marker="o", drawstyle="steps-post", label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("target: time per output token per user (ms)")
-    ax.set_ylabel("USD per million output tokens")
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    return fig
+    return finish_price_axes(fig, ax, title)
 
 
 # ---------------------------------------------------------------- the notebook's inputs
@@ -273,3 +278,17 @@ def price_pivot(table: "pd.DataFrame") -> "pd.DataFrame":
     shown = table.assign(price=[cell(r) for r in table.itertuples()],
                          target=[f"<= {t:g} ms" for t in table.target_tpot_ms])
     return shown.pivot(index="gpu", columns="target", values="price").reindex(columns=shown.target.unique())
+
+
+def group_tpot_ms(gpu: str, num_gpus: int, model: ModelOnGPU, batch: int, context_tokens: int,
+                  compute_dtype: str = "bf16") -> float:
+    """Roofline TPOT in ms of a decode step of ``batch`` sequences at ``context_tokens`` on ``num_gpus`` of ``gpu``
+    (ideal tensor parallelism: N times one GPU's bandwidth and FLOP/s)."""
+    from helpers.hardware.gpus import get_gpu
+
+    one = get_gpu(gpu)
+    group = replace(one, bandwidth_gb_s=one.bandwidth_gb_s * num_gpus, bf16_tflops=one.bf16_tflops * num_gpus,
+                    fp8_tflops=None if one.fp8_tflops is None else one.fp8_tflops * num_gpus)
+    step = decode_bound(group, model.weight_bytes, model.active_params, batch, context_tokens,
+                        model.kv_bytes_per_token, compute_dtype)
+    return step.step_time_s * 1e3

@@ -54,15 +54,17 @@ def linear_weight_bytes(num_params: int, weight_dtype: str) -> int:
 
 
 def weight_bytes(source: ModelSource | ModelShape | ParamCounts, weight_dtype: str = "bf16") -> int:
-    """Estimated checkpoint bytes: linear layers in ``weight_dtype``, embeddings/LM head/norms in BF16."""
+    """Estimated checkpoint bytes: linear layers in ``weight_dtype``, embeddings/LM head/norms/biases in BF16, and
+    attention too when the checkpoint's quantization_config keeps it unconverted (gpt-oss: experts alone MXFP4)."""
     counts = source if isinstance(source, ParamCounts) else count_params(source)
-    return linear_weight_bytes(counts.linear_total, weight_dtype) + 2 * (counts.total - counts.linear_total)
+    return linear_weight_bytes(counts.quantizable_total, weight_dtype) + 2 * (counts.total - counts.quantizable_total)
 
 
 def active_weight_bytes(source: ModelSource | ModelShape | ParamCounts, weight_dtype: str = "bf16") -> int:
     """Bytes of the parameters one token touches (all of them for a dense model)."""
     counts = source if isinstance(source, ParamCounts) else count_params(source)
-    return linear_weight_bytes(counts.linear_active, weight_dtype) + 2 * (counts.active - counts.linear_active)
+    quantized = counts.quantizable_active
+    return linear_weight_bytes(quantized, weight_dtype) + 2 * (counts.active - quantized)
 
 
 def infer_weight_dtype(source: ModelSource | ModelShape) -> str:

@@ -128,14 +128,19 @@ def measure_prefill_stall(lab: Lab, n_streams: int = 4, stream_tokens: int = 400
 
 
 def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, long_prompt_tokens: int,
-                          repeats: int = 1, rounds: int = 1) -> dict[str, list[StallResult]]:
+                          repeats: int = 1, rounds: int = 1, also: dict[str, Any] | None = None,
+                          restore: bool = True) -> dict[str, list[StallResult]]:
     """The stall under each ``--max-num-batched-tokens`` value of ``budgets`` (name -> value; None: the
     engine's default), ``repeats`` runs per engine start, configurations interleaved for ``rounds`` rounds
-    (A B A B: each switch restarts the engine). The engine ends on the flag it started with."""
+    (A B A B: each switch restarts the engine). ``also``: flags set in the same restart with every budget but the
+    engine's own (which runs them as it started), e.g. a later section's small KV pool. The engine ends on the flags
+    it started with, unless ``restore`` is False: then on the last configuration measured."""
     from helpers.core.comparison import interleave
     from helpers.core.vllm_args import flag_value
+    from helpers.lessons.l03.batching import apply_flags
 
     start = flag_value(lab.engine.args(), "--max-num-batched-tokens")
+    started = {flag: flag_value(lab.engine.args(), flag) for flag in also or {}}
     if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only the configuration it runs
         kept = {name: value for name, value in budgets.items() if (None if value is None else str(value)) == start}
         if len(kept) < len(budgets):
@@ -145,8 +150,8 @@ def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, lon
 
     def with_budget(value: Any):
         def run() -> list[StallResult]:
-            if flag_value(lab.engine.args(), "--max-num-batched-tokens") != (None if value is None else str(value)):
-                lab.engine.set_flag("--max-num-batched-tokens", value)
+            own = (None if value is None else str(value)) == start
+            apply_flags(lab, {"--max-num-batched-tokens": value, **(started if own else also or {})})
             # a new seed each run: a long prompt seen before would be served from the prefix cache
             return [measure_prefill_stall(lab, n_streams, long_prompt_tokens=long_prompt_tokens,
                                           seed=secrets.randbits(30)) for _ in range(max(1, repeats))]
@@ -155,9 +160,11 @@ def measure_stall_configs(lab: Lab, budgets: dict[str, Any], n_streams: int, lon
     try:
         results = interleave({name: with_budget(value) for name, value in budgets.items()}, rounds,
                              desc="stall under each batch budget")
-    finally:
-        if flag_value(lab.engine.args(), "--max-num-batched-tokens") != start:
-            lab.engine.set_flag("--max-num-batched-tokens", start)  # None removes the flag again
+    except BaseException:
+        apply_flags(lab, {"--max-num-batched-tokens": start, **started})  # a failed run leaves the engine as it was
+        raise
+    if restore:
+        apply_flags(lab, {"--max-num-batched-tokens": start, **started})  # None removes a flag again
     return {name: [r for batch in runs for r in batch] for name, runs in results.items()}
 
 

@@ -1,143 +1,17 @@
-"""What notebook 06 (speculative decoding) needs beyond the floors below: build the ``--speculative-config``
-of a method, measure methods interleaved with the baseline, conclude from the numbers whether it paid and why
-not, judge the acceptance formula (``helpers.planning.acceptance``) against the counters, and the exercises'
-outcomes. What the notebook uses from the floors is re-exported here (``__all__``), so its cells import from
-this module and ``helpers.engine.session`` only.
-
-A draft proposes ``num_speculative_tokens`` tokens; the target model checks them all in one forward
-pass and keeps the longest agreeing prefix plus one token of its own. The server counts drafts, draft
-tokens and accepted tokens (``helpers.measure.server_metrics``); the client sees several tokens arrive per
-chunk. Greedy outputs do not change: speculation is lossless, only faster or slower.
-"""
+"""Notebook 06's verdicts: each method's speed against the baseline's spread, the trend with concurrency, acceptance
+aligned vs misaligned, the number of guesses, the formula against the counters, and the CPU vs GPU caveat."""
 
 from __future__ import annotations
 
-import json
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-from helpers.measure.bench_results import requests_frame, summarize
-from helpers.core.comparison import BETTER, SAME, WORSE, Verdict, compare_samples, interleave
-from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict, report
-from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
-from helpers.core.vllm_args import flag_value
-from helpers.evals.suite import compare, load_suite
-from helpers.hardware.machine import check_quiet
-from helpers.lessons import plots
-from helpers.planning.acceptance import expected_length_table, more_guesses
-from helpers.measure.loadgen import run_load
-from helpers.measure.workloads import Load, Workload
-from helpers.measure.server_metrics import scrape, window
-from helpers.core.settings import models_dir
-
-if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
-    from helpers.engine.session import Lab
-
-__all__ = [  # this module's own, then what notebook 06 uses from the floors below
-    "BASELINE", "METHODS", "SPEC_FLAG", "acceptance_conclusion", "agent_workload", "aligned_vs_misaligned",
-    "baseline_tok_s", "copied_text_lookup", "formula_conclusion", "installed_spec_methods", "k_conclusion",
-    "length_gain_outcome", "lookup_outcome", "lowest_concurrency_conclusion", "mean_runs", "measure_speculation",
-    "method_conclusion", "method_map", "per_k", "prompt_lookup_length", "run_methods", "spec_config",
-    "speculation_caveat", "speculation_conclusions", "speedups", "trend_conclusion",
-    "check_prediction", "check_quiet", "compare", "expected_length_table", "more_guesses", "plots", "report",
-    "should_see", "should_see_conclusion",
-]
+from helpers.core.comparison import BETTER, SAME, WORSE, Verdict, compare_samples
+from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
+from helpers.lessons.l06.runs import BASELINE, _mean
 
 
-def spec_config(method: str, num_speculative_tokens: int, model: str | None = None, **options: Any) -> str:
-    """The JSON for ``--speculative-config``: ``ngram`` (prompt lookup) or ``draft_model`` (a model name:
-    a shipped tiny model's directory when one exists under models/, else a hub id)."""
-    if num_speculative_tokens < 1:
-        raise ValueError("num_speculative_tokens must be >= 1")
-    config: dict[str, Any] = {"method": method, "num_speculative_tokens": num_speculative_tokens, **options}
-    if method == "draft_model":
-        if not model:
-            raise ValueError("method draft_model needs model= (a draft sharing the target's tokenizer)")
-        path = models_dir() / model
-        config["model"] = str(path) if path.is_dir() else model
-    elif method == "ngram":
-        config.setdefault("prompt_lookup_max", 4)
-        config.setdefault("prompt_lookup_min", 2)
-    else:
-        raise ValueError(f"unknown method {method!r}: use 'ngram' or 'draft_model'")
-    return json.dumps(config, separators=(",", ":"))
-
-
-def agent_workload(suite: str = "agent-v1", max_tokens: int = 64,
-                   categories: tuple[str, ...] = ("tool_call", "tool_answer", "no_tool")) -> Workload:
-    """Real agent traffic: the eval suite's conversations, asked with the tools, answered as the model
-    would (no forced length). What a draft has to guess depends on what is said, so acceptance is only
-    meaningful on such traffic; on random-text prompts two models that both fall into repeating one
-    token "agree"."""
-    loaded = load_suite(suite)
-    prompts = [t.messages for t in loaded.tasks if t.category in categories and t.tools]
-    return Workload(output_len=max_tokens, exact_output=False, prompts=prompts, extra_body={"tools": loaded.tools})
-
-
-def measure_speculation(lab: Lab, name: str, concurrencies: list[int], workload: Workload,
-                        requests_per_stream: int = 4, min_requests: int = 8) -> list[dict[str, Any]]:
-    """One row per concurrency: throughput, TTFT/TPOT, tokens per chunk seen by the client, and the
-    server's acceptance rate and mean acceptance length over that run, its number of drafts and the acceptance
-    rate of each draft position (None without speculation)."""
-    rows = []
-    for c in concurrencies:
-        before = scrape(lab.settings.metrics_url)
-        result = run_load(lab.settings, workload, Load(concurrency=c, num_requests=max(min_requests, c * requests_per_stream),
-                                                       warmup_requests=min(c, 2)))
-        served = window(before, scrape(lab.settings.metrics_url))
-        s, frame = summarize(result), requests_frame(result)
-        ok = frame[frame["ok"]]
-        rows.append({"config": name, "concurrency": c, "output_tok_s": s["output_throughput"],
-                     "mean_ttft_ms": s["mean_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
-                     "tokens_per_chunk": float(ok["completion_tokens"].sum() / ok["chunks"].sum()) if len(ok) else None,
-                     "acceptance_rate": served["spec_decode_acceptance_rate"],
-                     "mean_acceptance_length": served["spec_decode_mean_acceptance_length"],
-                     "spec_drafts": served["spec_decode_num_drafts"],
-                     "per_position_acceptance": served["spec_decode_per_position_acceptance_rate"],
-                     "failed": s["failed"]})
-    return rows
-
-
-BASELINE = "no speculation"
-SPEC_FLAG = "--speculative-config"
-
-
-def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
-                repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
-                ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C A B C
-    so a machine that gets busier hits every method alike. One row per method, concurrency and repeat;
-    ``eval_suite`` runs once per method in the first round. The engine is left without speculation."""
-    from helpers.evals.suite import run_suite
-
-    evals: dict[str, Any] = {}
-    rounds = {name: 0 for name in methods}
-
-    def runner(name: str, config: str | None):
-        def run() -> list[dict[str, Any]]:
-            if flag_value(lab.engine.args(), SPEC_FLAG) != config:
-                lab.engine.set_flag(SPEC_FLAG, config)
-            if eval_suite and name not in evals:
-                evals[name] = run_suite(lab, eval_suite)
-            rows = measure_speculation(lab, name, concurrencies, workload, requests_per_stream)
-            rounds[name] += 1
-            return [dict(r, repeat=rounds[name]) for r in rows]
-        return run
-
-    try:
-        results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats,
-                             desc="speculative methods")
-    finally:
-        if flag_value(lab.engine.args(), SPEC_FLAG) is not None:
-            lab.engine.set_flag(SPEC_FLAG, None)  # back to the baseline
-    return pd.DataFrame([row for rows in results.values() for run_rows in rows for row in run_rows]), evals
-
-
-def _mean(values: Any) -> float | None:
-    clean = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return sum(clean) / len(clean) if clean else None
 
 
 def speedups(table: pd.DataFrame, baseline: str = BASELINE, k: dict[str, int] | None = None) -> pd.DataFrame:
@@ -313,25 +187,6 @@ def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Concl
                       f"step. {gpu}")
 
 
-def mean_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The repeats averaged: one row per method and concurrency (for a figure of the means)."""
-    columns = ["output_tok_s", "mean_ttft_ms", "mean_tpot_ms", "tokens_per_chunk", "acceptance_rate",
-               "mean_acceptance_length"]
-    columns = [c for c in columns if c in runs]
-    return runs.groupby(["config", "concurrency"], as_index=False, sort=False)[columns].mean()
-
-
-def per_k(runs: pd.DataFrame, names_by_k: dict[int, str], concurrency: int) -> pd.DataFrame:
-    """One row per number of guesses k: the mean throughput and acceptance of the method named for it."""
-    rows = []
-    for k, name in sorted(names_by_k.items()):
-        r = runs[(runs.config == name) & (runs.concurrency == concurrency)]
-        rows.append({"k": k, "config": name, "runs": len(r), "output_tok_s": _mean(r.output_tok_s),
-                     "acceptance_rate": _mean(r.acceptance_rate),
-                     "mean_acceptance_length": _mean(r.mean_acceptance_length)})
-    return pd.DataFrame(rows)
-
-
 def speculation_conclusions(runs: pd.DataFrame, table: pd.DataFrame, aligned: str, misaligned: str,
                             k_rows: pd.DataFrame | None = None, regressed: dict[str, list[str]] | None = None,
                             profile: str = "cpu") -> list[Conclusion]:
@@ -357,119 +212,6 @@ def speculation_conclusions(runs: pd.DataFrame, table: pd.DataFrame, aligned: st
     return out
 
 
-# ---------------------------------------------------------------- prompt lookup (ngram), by hand
-
-def prompt_lookup_length(token_ids: list[int], start: int, k: int, n_min: int = 2, n_max: int = 4) -> float:
-    """Mean tokens per step that ngram prompt lookup would give when the text from ``start`` on is what the model
-    says (greedy, as if the target always agreed with the text): at each step the last n tokens (n from n_max
-    down to n_min) are looked up earlier in the context, the k tokens after the latest match are proposed, and the
-    step keeps the agreeing prefix plus one token. vLLM's ngram proposer works the same way."""
-    if not 0 < start < len(token_ids):
-        raise ValueError("start must fall inside the text: the prompt is token_ids[:start]")
-    pos, steps = start, 0
-    while pos < len(token_ids):
-        proposal: list[int] = []
-        for n in range(n_max, n_min - 1, -1):
-            if pos < n:
-                continue
-            tail = token_ids[pos - n:pos]
-            for i in range(pos - n - 1, -1, -1):
-                if token_ids[i:i + n] == tail:
-                    proposal = token_ids[i + n:i + n + k]
-                    break
-            if proposal:
-                break
-        accepted = 0
-        while accepted < len(proposal) and pos + accepted < len(token_ids) and proposal[accepted] == token_ids[pos + accepted]:
-            accepted += 1
-        pos += accepted + 1
-        steps += 1
-    return (len(token_ids) - start) / steps
-
-
-# ---------------------------------------------------------------- the method map
-
-METHODS: tuple[dict[str, str], ...] = (  # facts: what proposes the guesses and what it needs; source per row
-    {"method": "ngram", "vllm": "ngram", "proposer": "the last n tokens looked up earlier in the prompt and the "
-     "text so far; the tokens after the match are the guesses", "needs": "nothing (no weights, no training)",
-     "source": "vLLM docs, Speculative Decoding (n-gram / prompt lookup decoding)"},
-    {"method": "suffix decoding", "vllm": "suffix", "proposer": "suffix trees over this request's prompt and "
-     "earlier responses; guesses as long as the tree predicts well", "needs": "the arctic-inference package; no "
-     "weights", "source": "Oliaro et al. 2024, SuffixDecoding; vLLM docs, Speculative Decoding"},
-    {"method": "draft model", "vllm": "draft_model", "proposer": "a smaller model with the same tokenizer, run k "
-     "steps ahead", "needs": "a draft checkpoint sharing the target's vocabulary (about 10x smaller)",
-     "source": "Leviathan et al. 2023; Chen et al. 2023 (speculative sampling)"},
-    {"method": "EAGLE / EAGLE-3", "vllm": "eagle / eagle3", "proposer": "a one-layer head fed the target's hidden "
-     "states (EAGLE-3: from several layers), predicting the next tokens", "needs": "a head trained for this "
-     "target model", "source": "Li et al. 2024, EAGLE; Li et al. 2025, EAGLE-3; vLLM docs"},
-    {"method": "MTP", "vllm": "mtp", "proposer": "the model's own multi-token-prediction layers, trained with it",
-     "needs": "a model pre-trained with MTP layers (DeepSeek-V3, Qwen3-Next, GLM-4.5 ...)",
-     "source": "DeepSeek-V3 technical report (2024); vLLM docs, Speculative Decoding"},
-    {"method": "Medusa", "vllm": "medusa", "proposer": "several extra heads on the target, head i guessing the "
-     "token i positions ahead", "needs": "heads trained on the target", "source": "Cai et al. 2024, Medusa"},
-)
-
-
-def installed_spec_methods() -> tuple[str, ...] | None:
-    """The ``--speculative-config`` method names the vLLM installed here accepts, read from its source without
-    importing it; None when vLLM is not installed here."""
-    import ast
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "config/speculative.py").read_text())
-    except (OSError, SyntaxError):
-        return None
-    names = [c.value for node in tree.body if isinstance(node, ast.Assign)
-             and getattr(node.targets[0], "id", "").endswith(("Method", "Types"))
-             for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
-    return tuple(names) or None
-
-
-def _heads_for(target_dir: Any, kind: str) -> bool:
-    """Does a shipped model declare ``kind`` heads (eagle, medusa) or does the target have MTP layers?"""
-    target = json.loads((target_dir / "config.json").read_text()) if (target_dir / "config.json").is_file() else {}
-    if kind == "mtp":
-        return any(k in target for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers"))
-    for config in models_dir().glob("*/config.json"):
-        if any(kind in a.lower() for a in json.loads(config.read_text()).get("architectures", [])):
-            return True
-    return False
-
-
-def method_map(target: str, measured: list[str], profile: str = "cpu") -> pd.DataFrame:
-    """One row per method: what proposes, what it needs, vLLM's name, whether this engine can run it (the installed
-    vLLM's accepted names, the packages and weights present) and whether this notebook measures it."""
-    import importlib.util
-
-    known, target_dir = installed_spec_methods(), models_dir() / target
-    rows = []
-    for m in METHODS:
-        names = [n.strip() for n in m["vllm"].split("/")]
-        if profile != "cpu":
-            here = f"not probed: the engine runs on the {profile} profile"
-        elif known is not None and not any(n in known for n in names):
-            here = "no: this vLLM does not accept the method"
-        elif m["vllm"] == "suffix":
-            here = "yes" if importlib.util.find_spec("arctic_inference") else "no: the arctic_inference package is not installed"
-        elif m["vllm"] in ("ngram", "draft_model"):
-            here = "yes"
-        elif _heads_for(target_dir, "mtp" if m["vllm"] == "mtp" else names[0]):
-            here = "yes (trained weights found)"
-        else:
-            here = f"no: needs {m['needs']}; none is shipped for {target}"
-        rows.append({**{k: m[k] for k in ("method", "proposer", "needs")}, "--speculative-config method": m["vllm"],
-                     "this machine": here, "this notebook": "measured" if m["vllm"] in measured else "-",
-                     "source": m["source"]})
-    return pd.DataFrame(rows)
-
-
-# ---------------------------------------------------------------- notebook 06's checks and exercises
-
 def aligned_vs_misaligned(runs: pd.DataFrame, aligned: str, misaligned: str) -> Conclusion:
     """``acceptance_conclusion`` on a run table: the aligned draft's acceptance against the misaligned one's."""
     return acceptance_conclusion(runs[runs.config == aligned].acceptance_rate.tolist(),
@@ -482,38 +224,6 @@ def lowest_concurrency_conclusion(table: pd.DataFrame, name: str, expect: str = 
     if not len(rows):
         return Conclusion(f"{name} was not measured", WITHIN_NOISE)
     return method_conclusion(rows.iloc[0].to_dict(), expect)
-
-
-def baseline_tok_s(runs: pd.DataFrame, concurrency: int) -> list[float]:
-    """The baseline's output tokens/s in each of its runs at ``concurrency``."""
-    return runs[(runs.config == BASELINE) & (runs.concurrency == concurrency)].output_tok_s.tolist()
-
-
-def copied_text_lookup(model: str, text: str, copies: int, k: int) -> tuple[float, str]:
-    """Tokens per step ngram prompt lookup would give (``prompt_lookup_length``) on an answer that repeats
-    ``text`` ``copies`` times after a prompt holding it once, tokenized with ``model``'s tokenizer."""
-    if copies < 1:
-        raise ValueError("copies must be >= 1 (the answer repeats the text at least once)")
-    path = models_dir() / model / "tokenizer.json"
-    if path.is_file():  # the tokenizers library reads it in milliseconds
-        from tokenizers import Tokenizer
-
-        fast = Tokenizer.from_file(str(path))
-        encode = lambda s: fast.encode(s, add_special_tokens=False).ids  # noqa: E731
-    else:  # a hub id: transformers fetches its tokenizer
-        from transformers import AutoTokenizer
-
-        slow = AutoTokenizer.from_pretrained(model)
-        encode = lambda s: slow.encode(s, add_special_tokens=False)  # noqa: E731
-    prompt = encode(f"Repeat this {copies} time(s): {text}\n")
-    answer = encode(" ".join([text] * copies))
-    length = prompt_lookup_length(prompt + answer, len(prompt), k)
-    return length, f"{len(answer)} answer tokens in {len(answer) / length:.0f} steps = {length:.2f} tokens per step (k={k})"
-
-
-def lookup_outcome(length: float, k: int) -> str:
-    """'about 1', 'between 1 and k+1' or 'about k+1' tokens per step."""
-    return "about 1" if length < 1.2 else "about k+1" if length >= 0.9 * (k + 1) else "between 1 and k+1"
 
 
 def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:

@@ -1,0 +1,45 @@
+"""What notebook 06 (speculative decoding) needs beyond the floors below, one module each: the methods (the
+``--speculative-config`` of a method, the method map, prompt lookup by hand), the runs (methods interleaved with the
+baseline on real agent traffic), the verdicts (speed against the spread, acceptance, the formula against the
+counters), the cost (c per guess, E / (1 + k c) against the measured speed-up, the talk's example, batching) and
+losslessness (a permutation test of the sampled tokens with and without speculation). The notebook imports from this
+package alone (and ``helpers.engine.session``): what it uses of those modules and of the floors is re-exported here.
+
+A draft proposes ``num_speculative_tokens`` tokens; the target model checks them all in one forward pass and keeps
+the longest agreeing prefix plus one token of its own. The server counts drafts, draft tokens and accepted tokens
+(``helpers.measure.server_metrics``); the client sees several tokens arrive per chunk.
+"""
+
+from helpers.core.conclusion import report
+from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
+from helpers.evals.suite import compare
+from helpers.hardware.machine import check_quiet
+from helpers.lessons import plots
+from helpers.lessons.l06.cost import (PUBLISHED_GPU, TALK_EXAMPLE, arithmetic_sentence, arithmetic_table,
+                                      batching_conclusion, cost_conclusion, cost_table, gpu_beside_cpu, step_arithmetic)
+from helpers.lessons.l06.lossless import (lossless_sampler, lossless_tests, permutation_test, sample_continuations,
+                                          samples_summary)
+from helpers.lessons.l06.methods import (METHODS, copied_text_lookup, installed_spec_methods, lookup_outcome,
+                                         method_map, prompt_lookup_length, spec_config)
+from helpers.lessons.l06.runs import (BASELINE, SPEC_FLAG, agent_workload, baseline_tok_s, mean_runs,
+                                      measure_speculation, per_k, run_methods)
+from helpers.lessons.l06.verdicts import (acceptance_conclusion, aligned_vs_misaligned, formula_conclusion,
+                                          k_conclusion, length_gain_outcome, lowest_concurrency_conclusion,
+                                          method_conclusion, speculation_caveat, speculation_conclusions, speedups,
+                                          trend_conclusion)
+from helpers.planning.acceptance import expected_length_table, more_guesses
+
+__all__ = [
+    # this notebook's own, from the modules of this package
+    "PUBLISHED_GPU", "TALK_EXAMPLE", "arithmetic_sentence", "arithmetic_table", "batching_conclusion",
+    "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "lossless_sampler", "lossless_tests",
+    "permutation_test", "sample_continuations", "samples_summary", "METHODS", "copied_text_lookup",
+    "installed_spec_methods", "lookup_outcome", "method_map", "prompt_lookup_length", "spec_config", "BASELINE",
+    "SPEC_FLAG", "agent_workload", "baseline_tok_s", "mean_runs", "measure_speculation", "per_k", "run_methods",
+    "acceptance_conclusion", "aligned_vs_misaligned", "formula_conclusion", "k_conclusion", "length_gain_outcome",
+    "lowest_concurrency_conclusion", "method_conclusion", "speculation_caveat", "speculation_conclusions", "speedups",
+    "trend_conclusion",
+    # from the floors below, for the notebook
+    "report", "check_prediction", "should_see", "should_see_conclusion", "compare", "check_quiet", "plots",
+    "expected_length_table", "more_guesses",
+]
