@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate as kv
 import pytest
 import yaml
 
 from helpers.cli.provision import main as provision_main
 from helpers.cluster import overlays, room
-from test_k8s_manifests import K8S, K8S_VERSION, ROOM_FLAGS, build, find, kustomize, one, pod_specs
+from test_k8s_manifests import (K8S, K8S_VERSION, ROOM_FLAGS, build, find, kustomize, one, pod_specs,
+                                validate_strict)
 
 PARTICIPANTS = 30
 OWN_SECRETS = {"notebook-token", "vllm-api-key"}  # the participant's own: their notebook token, their engine's key
@@ -331,16 +331,10 @@ def test_provision_prints_the_planners_verdict_and_the_days_cost(tmp_path):
 # ---------------------------------------------------------------- schemas
 
 def test_kubernetes_validate_strict_accepts_every_object(room30, variants, demos):
-    checked = 0
     builds = every_build(room30, variants, demos)
     # room30's participants differ only in names: one of them, the room, and every variant and demo
-    for name in [n for n in builds if not n.startswith("room30/") or n in ("room30/ws-01", "room30/ws-models")]:
-        for obj in builds[name]:
-            try:
-                kv.validate(obj, K8S_VERSION, strict=True)
-            except kv.ValidationError as err:
-                pytest.fail(f"{name}: {obj['kind']}/{obj['metadata']['name']}: {err.message} at {list(err.path)}")
-            checked += 1
+    checked = validate_strict({name: objs for name, objs in builds.items()
+                               if not name.startswith("room30/") or name in ("room30/ws-01", "room30/ws-models")})
     assert checked > 250
 
 
