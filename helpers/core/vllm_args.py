@@ -21,6 +21,40 @@ MODEL_FLAGS = ("--model", "--served-model-name")
 # vllm-router 0.1.17's --policy choices (vllm-router --help); the router module and `workshop up --router` read them
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "cache_aware", "power_of_two", "random")
 
+# ---------------------------------------------------------------- the CPU lab's flags, and a GPU line translated for a CPU
+
+CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must be set explicitly
+# The model runs inside the engine-core process instead of a separate worker process. With a worker,
+# the engine core's main thread waits for each step in a sched_yield loop (vllm/distributed/
+# device_communicators/shm_broadcast.py, SpinCondition.wait) that keeps taking the GIL back, so on a
+# machine with few free cores its output thread can starve until the engine goes idle: a request's
+# whole stream then arrives at once, at its end. On 2 cores that hit 2 to 18 of 32 requests in each of 4
+# runs of `vllm bench serve` (TTFT ~0.5 s instead of ~17 ms); in-process, none in 5 runs (README, profiles).
+CPU_ENGINE_ENV = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
+# Flags the CPU profile needs and a GPU must not inherit (helpers.engine.interface.default_config)
+CPU_ONLY_FLAGS = {
+    "--enforce-eager": "on a GPU it turns CUDA graphs off (slower decode); the CPU lab sets it to start sooner",
+    "--kv-cache-memory-bytes": "the CPU build's KV-memory knob; on a GPU what --gpu-memory-utilization leaves after "
+                               "the weights becomes KV cache",
+}
+# The GPU baseline's memory fraction (k8s/base/vllm.yaml); on a CPU it stands for CPU_KV_CACHE_BYTES, and
+# another fraction for the same share of it, so a change of the knob stays a change.
+GPU_MEMORY_UTILIZATION_BASELINE = 0.90
+# The room's download (k8s/base/kustomization.yaml PREDOWNLOAD_MODELS, components/with-moe) and the shipped tiny
+# model (models/README.md) that stands in for each on a CPU. Qwen3-4B's stand-in is tiny-agent until a tiny model
+# with Qwen3's chat template ships.
+CPU_STAND_INS = {
+    "Qwen/Qwen3-4B": "tiny-agent",
+    "RedHatAI/Qwen3-4B-FP8-dynamic": "tiny-agent-fp8-dynamic",
+    "Qwen/Qwen3-0.6B": "tiny-draft",
+    "Qwen/Qwen3-30B-A3B": "tiny-moe",
+}
+CPU_MAX_MODEL_LEN = 4096  # the stand-ins' max_position_embeddings (models/README.md); the cluster's is 8,192
+# GPU flags a CPU stand-in cannot take, and why (removed by translate_for_cpu)
+CPU_DROPPED_FLAGS = {
+    "--reasoning-parser": "the stand-ins' tokenizers have no <think> tokens for the qwen3 parser to find",
+}
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -171,3 +205,54 @@ def describe_change(old: EngineConfig, new: EngineConfig) -> str:
     parts += [f"env {k}={v}" for k, v in env_after.items() if env_before.get(k) != v]
     parts += [f"env {k} removed" for k in env_before if k not in env_after]
     return ", ".join(parts) or "a restart on the same configuration"
+
+
+def _stand_in(model: str, models_root: str) -> str:
+    """A hub id's CPU stand-in as a directory under ``models_root``; any other name as it is."""
+    return f"{models_root.rstrip('/')}/{CPU_STAND_INS[model]}" if model in CPU_STAND_INS else model
+
+
+def translate_for_cpu(args: Sequence[str], models_root: str) -> list[str]:
+    """A GPU engine's ``vllm serve`` arguments as vLLM's CPU build runs them (the table ``cpu_translation_table``
+    prints): hub ids -> the shipped stand-ins under ``models_root`` (also inside ``--speculative-config``),
+    ``--gpu-memory-utilization`` -> ``--kv-cache-memory-bytes`` (the same share of CPU_KV_CACHE_BYTES),
+    ``--max-model-len`` at most CPU_MAX_MODEL_LEN, eager mode,
+    CPU_DROPPED_FLAGS removed. The served name is kept, so clients see the hub id they asked for."""
+    model, served, rest, _ = parse_args(args)
+    out = list(rest)
+    utilization = flag_value(out, "--gpu-memory-utilization")
+    if isinstance(utilization, str):
+        share = float(utilization) / GPU_MEMORY_UTILIZATION_BASELINE
+        out = list(with_flag(with_flag(out, "--gpu-memory-utilization", None), "--kv-cache-memory-bytes",
+                             round(share * CPU_KV_CACHE_BYTES)))
+    length = flag_value(out, "--max-model-len")
+    if isinstance(length, str) and length.isdigit() and int(length) > CPU_MAX_MODEL_LEN:
+        out = list(with_flag(out, "--max-model-len", CPU_MAX_MODEL_LEN))
+    speculative = flag_value(out, "--speculative-config")
+    if isinstance(speculative, str):
+        spec = json.loads(speculative)
+        if isinstance(spec.get("model"), str):
+            spec["model"] = _stand_in(spec["model"], models_root)
+        out = list(with_flag(out, "--speculative-config", spec))
+    for flag in CPU_DROPPED_FLAGS:
+        out = list(with_flag(out, flag, None))
+    if flag_value(out, "--enforce-eager") is None:
+        out.append("--enforce-eager")
+    if not model:
+        return out
+    return ["--model", _stand_in(model, models_root), "--served-model-name", served or model, *out]
+
+
+def cpu_translation_table() -> list[tuple[str, str, str]]:
+    """(on the cluster's GPU, on this CPU, why) for every rule of ``translate_for_cpu``."""
+    rows = [(hub, f"models/{tiny}", "the room downloads it; a CPU serves the shipped tiny stand-in")
+            for hub, tiny in CPU_STAND_INS.items()]
+    rows.append(("--gpu-memory-utilization U", f"--kv-cache-memory-bytes U/{GPU_MEMORY_UTILIZATION_BASELINE} x "
+                 f"{CPU_KV_CACHE_BYTES:,}", "vLLM's CPU build sizes its KV cache in bytes, not as a GPU share"))
+    rows.append((f"--max-model-len above {CPU_MAX_MODEL_LEN:,}", f"--max-model-len {CPU_MAX_MODEL_LEN:,}",
+                 "the stand-ins' max_position_embeddings"))
+    rows.append(("(CUDA graphs, torch.compile)", "--enforce-eager", CPU_ONLY_FLAGS["--enforce-eager"]))
+    rows += [(flag, "(removed)", why) for flag, why in CPU_DROPPED_FLAGS.items()]
+    rows += [("(environment)", f"{name}={value}", "the CPU build's in-process engine core (CPU_ENGINE_ENV)")
+             for name, value in CPU_ENGINE_ENV]
+    return rows

@@ -26,18 +26,11 @@ from typing import Any
 
 import httpx
 
+from helpers.core.models import ROOM_MODELS
 from helpers.core.settings import Settings, models_dir
-from helpers.core.vllm_args import EngineConfig, with_flag
+from helpers.core.vllm_args import CPU_ENGINE_ENV, CPU_KV_CACHE_BYTES, EngineConfig, with_flag
 from helpers.core.errors import WorkshopError
 
-CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB of KV cache: on vLLM's CPU build this must be set explicitly
-# The model runs inside the engine-core process instead of a separate worker process. With a worker,
-# the engine core's main thread waits for each step in a sched_yield loop (vllm/distributed/
-# device_communicators/shm_broadcast.py, SpinCondition.wait) that keeps taking the GIL back, so on a
-# machine with few free cores its output thread can starve until the engine goes idle: a request's
-# whole stream then arrives at once, at its end. On 2 cores that hit 2 to 18 of 32 requests in each of 4
-# runs of `vllm bench serve` (TTFT ~0.5 s instead of ~17 ms); in-process, none in 5 runs (README, profiles).
-CPU_ENGINE_ENV = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
 CPU_START_TIMEOUT_S = 300.0
 GPU_START_TIMEOUT_S = 1200.0
 
@@ -242,12 +235,23 @@ def shipped_models() -> list[str]:
 
 
 def resolve_model(model: str, profile: str) -> str:
-    """What vLLM is given for a model name: a shipped model's directory, a local directory as it is, a hub id
-    (``org/name``) as it is; on the CPU profile, where nothing is downloaded, any other name is refused."""
+    """What vLLM is given for a model name: on the CPU profile a shipped model's directory, a local directory as it
+    is, a hub id (``org/name``) as it is, any other name refused (nothing is downloaded there). On ``k8s`` the engine
+    runs in its own pod, which reads only the room's model volume: a name is passed as it is, and a shipped tiny
+    model's name or a directory of this machine (the notebook pod) is refused. On ``gpu`` (a local engine) a local
+    directory works, but a shipped tiny model's name is refused: the GPU lessons serve the room's hub ids."""
     path = models_dir() / model
+    if profile != "cpu":
+        local = "/" not in model and path.is_dir()  # a shipped name (a path would make models_dir() / model that path)
+        if local or (profile == "k8s" and Path(model).expanduser().is_dir()):
+            where = "is a tiny model shipped for the CPU profile" if local else "is a directory of this machine"
+            raise EngineError(f"Model {model!r} {where}, which the {profile} engine cannot serve: name a hub id the "
+                              f"room downloaded ({', '.join(ROOM_MODELS)}), e.g. through helpers.core.models."
+                              "lesson_model, or switch to the CPU profile (WORKSHOP_PROFILE=cpu) for the tiny models.")
+        return model
     if path.is_dir():
         return str(path)
-    if Path(model).expanduser().is_dir() or profile != "cpu" or re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+    if Path(model).expanduser().is_dir() or re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         return model
     raise EngineError(f"Model {model!r} is neither a model shipped in models/ ({', '.join(shipped_models())}) nor a "
                       "local directory (nor a hub id such as Qwen/Qwen3-0.6B, which needs the network). Set MODEL_NAME "

@@ -28,7 +28,7 @@ from helpers.core.comparison import (BETTER, SAME, SINGLE_RUN_NOISE_REL, UNKNOWN
                                      relative_spread)
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
-from helpers.core.vllm_args import EngineConfig, server_args
+from helpers.core.vllm_args import CPU_ONLY_FLAGS, EngineConfig, server_args
 from helpers.core.settings import GPU_MODEL, Settings, models_dir
 from helpers.evals.structured import FREE, SCHEMA, run_structured_ab
 from helpers.evals.structured import summary as structured_summary
@@ -46,12 +46,6 @@ __all__ = [
     "manifest_patch", "measure_repeated", "relative_rule", "rule_outcome", "run_structured_ab", "scorecard_view",
     "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
 ]
-# Flags and environment the CPU profile needs and a GPU must not inherit (helpers.engine.interface.default_config)
-CPU_ONLY_FLAGS = {
-    "--enforce-eager": "on a GPU it turns CUDA graphs off (slower decode); the CPU lab sets it to start sooner",
-    "--kv-cache-memory-bytes": "the CPU build's KV-memory knob; on a GPU what --gpu-memory-utilization leaves after "
-                               "the weights becomes KV cache",
-}
 
 
 @dataclass(frozen=True)
