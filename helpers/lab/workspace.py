@@ -27,6 +27,7 @@ NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")  # the committed notebooks: the cl
 DEFAULT_WORKSPACE = kit_paths.work_root() / "my-notebooks"  # in the clone; for a wheel, in the current folder
 RECORD = ".workshop-copies.json"
 START_HERE = "start_here.ipynb"  # the lab's first screen: the path through the workshop and the engine's status
+REFERENCE_PAGES = ("glossary.md", "cheatsheet.md")  # the course's glossary and cheat sheet, linked from start_here
 # JupyterLab's default settings for the lab (its documented overrides.json): the file browser without its
 # "last modified" column, so the notebooks' full names fit in the left panel; no news pop-up (the lab is offline)
 JUPYTERLAB_SETTINGS = kit_paths.package_path("data", "jupyterlab")
@@ -119,8 +120,14 @@ def lesson_files(source: Path = NOTEBOOK_DIR) -> list[Path]:
     return start + sorted(Path(source).glob("[0-9][0-9]_*.ipynb"))
 
 
+def reference_files(source: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The pages the notebooks link to beside them (glossary, cheat sheet), those present in ``source``."""
+    return [Path(source) / name for name in REFERENCE_PAGES if (Path(source) / name).is_file()]
+
+
 def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> SyncReport:
-    """Copy new notebooks into the workspace and refresh the untouched ones; never overwrite the learner's."""
+    """Copy new notebooks (and the pages they link to) into the workspace and refresh the untouched ones; never
+    overwrite the learner's."""
     ws = workspace_dir(workspace)
     _check_workspace(ws, source)
     lessons = lesson_files(source)
@@ -130,7 +137,7 @@ def sync(workspace: Path | str | None = None, source: Path = NOTEBOOK_DIR) -> Sy
     ws.mkdir(parents=True, exist_ok=True)
     record = _record(ws)
     report = SyncReport(ws)
-    for src in lessons:
+    for src in [*lessons, *reference_files(source)]:
         dest, name, new_hash = ws / src.name, src.name, _sha256(src)
         if not dest.exists():
             shutil.copyfile(src, dest)
