@@ -335,6 +335,26 @@ def test_the_notebook_gets_the_engine_contract_and_a_namespaced_kubeconfig(built
         assert spec["serviceAccountName"] == "workshop-participant"
 
 
+def test_the_notebook_names_the_overlays_gpu_and_the_rooms_extra_models(built, variant, static_builds):
+    from helpers.core.models import lesson_model
+    from helpers.hardware.gpus import get_gpu
+
+    def notebook_settings(objs):
+        data = one(objs, "ConfigMap", "workshop-engine")["data"]
+        env = env_of(one(objs, "Deployment", "notebook")["spec"]["template"]["spec"]["containers"][0])
+        resolved = {name: data[ref["valueFrom"]["configMapKeyRef"]["key"]] for name, ref in env.items()
+                    if "configMapKeyRef" in ref.get("valueFrom", {})}
+        return load_settings({"VLLM_HOST": env["VLLM_HOST"]["value"], "NAMESPACE": "ws-01", **resolved})
+
+    expected = {"variant": "H100 SXM", "overlays/l4": "L4", "overlays/a100": "A100 40GB SXM", "overlays/h100": "H100 SXM",
+                **{ns: overlays.GPU_PROFILES["l4"].gpu for ns in built}}
+    for name, objs in {**built, "variant": variant, **{k: static_builds[k] for k in expected if k in static_builds}}.items():
+        settings = notebook_settings(objs)
+        assert settings.gpu == expected[name] and not settings.gpu_is_default, name
+        assert get_gpu(settings.gpu).name == settings.gpu  # the table's own spelling
+        assert (lesson_model("moe", settings) is not None) == (name == "variant"), name  # with-moe only there
+
+
 def test_gpu_types_resize_the_engine_and_the_variant_has_ingress_and_moe(static_builds, variant):
     def requests(objs):
         return one(objs, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]

@@ -216,6 +216,17 @@ def test_the_moe_model_fits_an_h100_and_pulls_in_the_moe_component(tmp_path):
     assert f"MODEL_NAME={overlays.MOE_MODEL}" in text
 
 
+@pytest.mark.parametrize("gpu_type", sorted(overlays.GPU_PROFILES))
+def test_every_gpu_type_names_its_gpu_once_for_the_notebook(tmp_path, gpu_type):
+    from helpers.hardware.gpus import get_gpu
+
+    render(1, "ws", gpu_type=gpu_type, out_dir=tmp_path)
+    data = yaml.safe_load((tmp_path / "ws-01" / "kustomization.yaml").read_text())
+    literals = [line for g in data["configMapGenerator"] if g["name"] == "workshop-engine" for line in g["literals"]]
+    named = [line.split("=", 1)[1] for line in literals if line.startswith("WORKSHOP_GPU=")]
+    assert named == [overlays.GPU_PROFILES[gpu_type].gpu] and get_gpu(named[0]).name == named[0]
+
+
 # ---------------------------------------------------------------- kubectl through the fake runner
 
 def test_apply_runs_one_server_side_apply_per_participant_after_the_rooms_download(workshop):

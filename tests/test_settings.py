@@ -80,3 +80,19 @@ def test_vllm_host_that_is_not_a_base_url_is_refused_with_the_expected_form(host
         load_settings({"VLLM_HOST": host})
     assert fragment in str(err.value)
     assert "e.g. http://vllm-engine:8000 or http://vllm-engine:8000/v1" in str(err.value)
+
+
+def test_the_workshop_gpu_comes_from_provisioning_with_a_stated_default():
+    from helpers.core.settings import DEFAULT_WORKSHOP_GPU
+
+    unset = load_settings({})
+    assert unset.gpu == DEFAULT_WORKSHOP_GPU and unset.gpu_is_default
+    named = load_settings({"WORKSHOP_GPU": " H100 SXM "})
+    assert named.gpu == "H100 SXM" and not named.gpu_is_default
+    assert load_settings({"WORKSHOP_GPU": ""}).gpu_is_default  # an empty ConfigMap value is unset
+
+
+def test_the_rooms_extra_models_are_read_as_a_list():
+    assert load_settings({}).extra_models == ()
+    assert load_settings({"WORKSHOP_EXTRA_MODELS": "Qwen/Qwen3-30B-A3B  other/x"}).extra_models == (
+        "Qwen/Qwen3-30B-A3B", "other/x")

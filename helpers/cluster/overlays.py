@@ -338,7 +338,8 @@ def overlay(ws: Workshop, number: int, overlay_dir: Path) -> dict[str, Any]:
         "generatorOptions": {"disableNameSuffixHash": True},
         "secretGenerator": secret_generators,
         "configMapGenerator": [
-            {"name": "workshop-engine", "behavior": "merge", "literals": [f"MODEL_NAME={ws.model}"]},
+            {"name": "workshop-engine", "behavior": "merge",
+             "literals": [f"MODEL_NAME={ws.model}", f"WORKSHOP_GPU={GPU_PROFILES[ws.gpu_type].gpu}"]},
             {"name": "participant-kubeconfig", "behavior": "replace", "files": ["config=kubeconfig"]},
         ],
         "patches": patches,

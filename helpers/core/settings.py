@@ -1,7 +1,10 @@
 """The environment contract, read in one place.
 
 Variables: ``VLLM_HOST`` (the server root or its base URL ending in /v1), ``MODEL_NAME``, ``VLLM_API_KEY``, ``NAMESPACE``,
-``WORKSHOP_PROFILE`` (``cpu``, ``gpu`` or ``k8s``) and ``WORKSHOP_PORT`` (local engine port).
+``WORKSHOP_PROFILE`` (``cpu``, ``gpu`` or ``k8s``) and ``WORKSHOP_PORT`` (local engine port); ``WORKSHOP_GPU``, the
+workshop GPU's name as ``helpers/hardware/gpus.py`` spells it (provisioning sets it in the notebook pod; unset:
+``DEFAULT_WORKSHOP_GPU``), and ``WORKSHOP_EXTRA_MODELS``, the models the room downloads beyond the base list
+(the notebook pod gets the ConfigMap's ``PREDOWNLOAD_EXTRA_MODELS``: the MoE with ``k8s/components/with-moe``).
 
 Profiles:
 - ``cpu`` (the default when ``VLLM_HOST`` is unset): the helpers run vLLM's CPU build locally,
@@ -28,6 +31,8 @@ CONTRACT_VARIABLES = ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "W
 DEFAULT_PORT = 8000
 TINY_AGENT = "tiny-agent"
 GPU_MODEL = "Qwen/Qwen3-4B"
+# The GPU the notebooks compute on paper for when WORKSHOP_GPU is unset (off the cluster): the public workshop's.
+DEFAULT_WORKSHOP_GPU = "RTX 4000 Ada"
 
 
 class SettingsError(WorkshopError, ValueError):
@@ -61,6 +66,9 @@ class Settings:
     namespace: str | None = None
     port: int = DEFAULT_PORT
     managed: bool = True  # True: the helpers start and stop this engine themselves
+    gpu: str = DEFAULT_WORKSHOP_GPU  # WORKSHOP_GPU: the workshop GPU's name in helpers/hardware/gpus.py
+    gpu_is_default: bool = True  # True: WORKSHOP_GPU was unset, so ``gpu`` is DEFAULT_WORKSHOP_GPU
+    extra_models: tuple[str, ...] = ()  # WORKSHOP_EXTRA_MODELS: what the room downloads beyond the base list
 
     @property
     def metrics_url(self) -> str:
@@ -146,6 +154,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError("The k8s profile needs VLLM_HOST (the engine's URL in your namespace, ending in /v1). "
                             "Your notebook pod sets it; elsewhere, export it first.")
     default_model = TINY_AGENT if profile == "cpu" else GPU_MODEL
+    gpu = env.get("WORKSHOP_GPU", "").strip()
     return Settings(
         profile=profile,
         base_url=_normalize_base_url(host) if host else f"http://127.0.0.1:{port}/v1",
@@ -154,4 +163,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         namespace=env.get("NAMESPACE") or None,
         port=port,
         managed=not host,
+        gpu=gpu or DEFAULT_WORKSHOP_GPU,
+        gpu_is_default=not gpu,
+        extra_models=tuple(env.get("WORKSHOP_EXTRA_MODELS", "").split()),
     )
