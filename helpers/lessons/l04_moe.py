@@ -191,8 +191,8 @@ def moe_gpu_caveat(dense: str, moe: str, dense_gb_per_step: float, moe_gb_per_st
         f"{moe_gb_per_step:.1f} GB per step against {dense_gb_per_step:.1f} GB for {dense}, so on {gpu} "
         f"({gpu_bandwidth_gb_s:,.0f} GB/s) its decode ceiling is {dense_gb_per_step / moe_gb_per_step:.1f}x the dense "
         "model's. There, reading the weights is most of a step, so the bandwidth argument holds; the tiny models "
-        "here weigh a few MB, fit in the CPU's caches, and their steps are fixed costs, which is why their "
-        "comparison cannot show it.")
+        "here weigh a few MB, so fixed per-step costs, not the bytes they read, can set their steps, which is why "
+        "their comparison cannot show it.")
 
 
 def conclude_moe_on_paper(dense: str, moe: str, paper: dict[str, dict[str, float]], batch: int,

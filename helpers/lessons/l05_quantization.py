@@ -165,7 +165,7 @@ def _overall(faster: list[str], slower: list[str], same: list[str], kv_grown: li
         out.append(str(Conclusion(
                    "No configuration was measurably faster than the baseline here"
                    + (f" ({', '.join(slower)} slower)" if slower else "") + "."
-                   + (" The tiny model's weights (a few MB) sit in the CPU's caches, so a decode step is set by fixed "
+                   + (" The tiny model's weights are a few MB, so a decode step can be set by fixed "
                       "per-step costs rather than bytes read, and the CPU kernels convert quantized weights on the fly. "
                       "On a GPU serving a model of billions of parameters, decode is memory-bound: fewer bytes per "
                       "weight means fewer bytes read per token, which is where the speed-up comes from (an expectation, "
