@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated state directory, and the real local engine for integration tests."""
+"""Shared fixtures: an isolated state directory, and the real local engine for integration tests; the suite's time
+table (tests/timetable.py: build/test-times.md on every run)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from helpers.core.settings import CONTRACT_VARIABLES
+from timetable import TimeTable
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TimeTable(config), "timetable")
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from helpers.engine.interface import (CPU_START_TIMEOUT_S, GPU_START_TIMEOUT_S, 
                             default_config, log_excerpt)
 from helpers.engine.process import (STATE_MARK, STOP_TIMEOUT_S, describe_process, end_processes, launch_detached,
                                     port_holder, port_lock, process_if_alive, read_log, session_members)
+from helpers.engine.spec_sampling_fix import engine_environment as fix_environment
 from helpers.hardware.forced_isa import engine_environment
 from helpers.hardware.machine import FORCE_ISA_VARIABLE
 from helpers.core.settings import Settings, state_dir
@@ -47,6 +50,9 @@ from helpers.core.vllm_args import EngineConfig, config_from_args, server_args
 CONFIG_MARK = "WORKSHOP_ENGINE_CONFIG"  # in the server's environment: the configuration it was started on
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PORT_FREE_TIMEOUT_S = 10.0
+# Every start is one JSON line appended here (the state directory's engine-starts.jsonl unless this names another
+# file): when it began and ended, how long it took, whether it became ready. The test suite's time table reads it.
+START_RECORD_VARIABLE = "WORKSHOP_ENGINE_STARTS"
 # What the server's log says it is doing, in order (vLLM 0.32's log lines); the last one seen is the phase.
 START_PHASES = (
     ("non-default args:", "reading its arguments"),
@@ -86,6 +92,32 @@ def start_phase(log_text: str) -> str:
 
 
 
+
+
+def start_record_path() -> Path:
+    """The JSON-lines file every engine start is appended to (``WORKSHOP_ENGINE_STARTS`` overrides)."""
+    return Path(os.environ.get(START_RECORD_VARIABLE) or state_dir() / "engine-starts.jsonl")
+
+
+@contextmanager
+def recorded_start(port: int, config: EngineConfig) -> Iterator[None]:
+    """Time one start (spawn to ready) and append it to ``start_record_path()``, ready or not."""
+    began, ready = time.time(), False
+    try:
+        yield
+        ready = True
+    finally:
+        ended = time.time()
+        line = {"began": began, "ended": ended, "seconds": round(ended - began, 3), "ready": ready, "port": port,
+                "model": config.served_name, "args": list(config.args), "server": SERVER_MODULE,
+                "starter_pid": os.getpid()}
+        try:
+            path = start_record_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as fh:  # one short write per line: appends from several processes stay whole
+                fh.write(json.dumps(line) + "\n")
+        except OSError:
+            pass  # a record that cannot be written costs the table a line, never the start
 
 
 # ---------------------------------------------------------------- state on disk
@@ -275,8 +307,9 @@ class LocalEngine(Engine):
                 self.wait_ready(timeout_s)
                 return
             self.stop()
-            self._spawn(wanted)
-            self.wait_ready(timeout_s)
+            with recorded_start(self.settings.port, wanted):
+                self._spawn(wanted)
+                self.wait_ready(timeout_s)
             state = self._load()
             state.last_good = wanted.to_json()
             self._save(state)
@@ -297,6 +330,7 @@ class LocalEngine(Engine):
             env["VLLM_API_KEY"] = self.settings.api_key  # read by vLLM; keeps the key off the command line
         env.update(dict(config.env))
         env.update(engine_environment(os.environ.get(FORCE_ISA_VARIABLE), env))  # run as another CPU kind would
+        env.update(fix_environment(env))  # vllm#55006, when the configuration's env switches it on (notebook 06)
         env[STATE_MARK], env[CONFIG_MARK] = str(self._state_path), json.dumps(config.to_json())
         text, offset = launch_detached(cmd, env, self.log_path(),
                                        f"{config.served_name} {' '.join(config.args)}")
@@ -345,13 +379,15 @@ class LocalEngine(Engine):
             previous = self._load().last_good
             self.stop()
             try:
-                self._spawn(config)
-                self.wait_ready(timeout_s)
+                with recorded_start(self.settings.port, config):
+                    self._spawn(config)
+                    self.wait_ready(timeout_s)
             except EngineStartError as err:
                 self.stop()
                 if previous and previous != config.to_json():
-                    self._spawn(EngineConfig.from_json(previous))
-                    self.wait_ready(timeout_s)
+                    with recorded_start(self.settings.port, EngineConfig.from_json(previous)):
+                        self._spawn(EngineConfig.from_json(previous))
+                        self.wait_ready(timeout_s)
                     raise EngineStartError(f"The new configuration failed ({err.message}); the engine is back on the "
                                            f"last good one ({' '.join(previous['args'])}).", err.log_excerpt) from None
                 raise

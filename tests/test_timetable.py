@@ -1,0 +1,148 @@
+"""The suite's time table (tests/timetable.py) and the engine's start records it reads (helpers/engine/local.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import nbformat
+import pytest
+
+import timetable
+from fake_engine_server import use_fake_engine
+from helpers.core.settings import load_settings
+from helpers.core.vllm_args import EngineConfig
+from helpers.engine.local import START_RECORD_VARIABLE, LocalEngine, recorded_start, start_record_path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _test(nodeid, worker, began, ended, engine=False, failed=0):
+    return {"nodeid": nodeid, "file": nodeid.split("::")[0], "worker": worker, "began": began, "ended": ended,
+            "seconds": ended - began, "failed": failed, "engine": engine}
+
+
+def _start(began, seconds=20.0, server=timetable.VLLM_SERVER):
+    return {"began": began, "ended": began + seconds, "seconds": seconds, "ready": True, "server": server}
+
+
+def test_an_area_comes_from_the_table_else_from_the_engine_marker():
+    assert timetable.area_of("tests/test_engine_integration.py", True) == "notebooks, local path"
+    assert timetable.area_of("tests/test_k8s_path_notebooks.py", False) == "notebooks, cluster path"
+    assert timetable.area_of("tests/test_dashboard_prometheus.py", True) == "Prometheus"
+    assert timetable.area_of("tests/test_speculative_seeded_pair.py", True) == "engine"  # a file nobody listed
+    assert timetable.area_of("tests/test_thinking_model.py", False) == "unit"
+    assert set(timetable.BUDGET_S) == set(timetable.AREAS)
+
+
+def test_a_start_belongs_to_the_test_running_on_its_worker_when_it_began():
+    tests = [_test("tests/a.py::one", "gw0", 100, 150), _test("tests/b.py::two", "gw1", 100, 200),
+             _test("tests/a.py::three", "gw0", 150, 300)]
+    starts = {"gw0": [_start(120), _start(160)], "gw1": [_start(190)], "main": [_start(400)]}
+    owners = timetable.attribute_starts(tests, starts)
+    assert [r["began"] for r in owners["tests/a.py::one"]] == [120]
+    assert [r["began"] for r in owners["tests/a.py::three"]] == [160]
+    assert [r["began"] for r in owners["tests/b.py::two"]] == [190]
+    assert [r["began"] for r in owners[""]] == [400]  # no test ran on that worker then
+
+
+def test_file_rows_count_real_starts_apart_from_fake_ones_and_name_an_unmarked_test_that_started_vllm():
+    tests = [_test("tests/test_x.py::a", "main", 0, 30, engine=True), _test("tests/test_x.py::b", "main", 30, 40),
+             _test("tests/test_y.py::c", "main", 40, 50, failed=1)]
+    starts = {"main": [_start(1, 21.5), _start(31, 5.0), _start(41, 0.5, server="fake_engine_server")]}
+    rows = timetable.file_rows(tests, starts, "run1")
+    assert rows["tests/test_x.py"]["engine_starts"] == 2 and rows["tests/test_x.py"]["engine_start_s"] == 26.5
+    assert rows["tests/test_x.py"]["tests"] == 2 and rows["tests/test_x.py"]["area"] == "engine"
+    assert rows["tests/test_x.py"]["unmarked_starts"] == ["tests/test_x.py::b"]
+    assert rows["tests/test_y.py"]["engine_starts"] == 0
+    assert rows["tests/test_y.py"]["fake_starts"] == 1 and rows["tests/test_y.py"]["failed"] == 1
+    assert rows["tests/test_y.py"]["area"] == "unit"
+
+
+def _part(run, began, wall_s, files):
+    return {"run": run, "began": began, "wall_s": wall_s, "args": ["-m", run], "workers": 1, "tests": 1,
+            "exit_status": 0, "files": files}
+
+
+def _row(area, seconds, starts=0, start_s=0.0):
+    return {"seconds": seconds, "tests": 1, "failed": 0, "engine_starts": starts, "engine_start_s": start_s,
+            "fake_starts": 0, "engine_marked": area != "unit", "unmarked_starts": [], "run": "", "area": area}
+
+
+def test_the_parts_of_a_suite_merge_into_one_table_that_names_the_area_over_budget():
+    unit = _part("not engine", 1.0, 100.0, {"tests/test_u.py": _row("unit", 90.0)})
+    engine = _part("engine", 2.0, 900.0, {"tests/test_e.py": _row("engine", 500.0, 3, 60.0),
+                                          "tests/test_engine_integration.py": _row("notebooks, local path", 300.0, 1, 20.0)})
+    table = timetable.merge([engine, unit], "AMX", 1.0)
+    assert [r["args"] for r in table["runs"]] == [["-m", "not engine"], ["-m", "engine"]]
+    assert table["wall_s"] == 1000.0 and table["engine_starts"] == 4 and table["engine_start_s"] == 80.0
+    assert table["areas"]["engine"]["seconds"] == 500.0 and table["areas"]["engine"]["over"]
+    assert not table["areas"]["unit"]["over"] and table["areas"]["browser"]["files"] == 0
+    assert list(table["files"])[0] == "tests/test_e.py"  # slowest first
+    assert timetable.over_budget(table) == [f"engine: 500 s, budget {timetable.BUDGET_S['engine']} s "
+                                            f"(+{500 - timetable.BUDGET_S['engine']} s)"]
+    slower = timetable.merge([engine, unit], "AVX-512", timetable.SLOWER_KIND_FACTOR)
+    assert slower["areas"]["engine"]["budget_s"] == round(timetable.BUDGET_S["engine"] * 55 / 30)
+    text = timetable.markdown(table)
+    assert "| engine | 1 | 500.0 |" in text and "OVER" in text and "| tests/test_e.py | engine | 1 | 0 | 500.0 | 3 | 60.0 |" in text
+    rerun = _part("engine", 3.0, 50.0, {"tests/test_e.py": _row("engine", 40.0)})
+    assert timetable.merge([unit, engine, rerun], "AMX", 1.0)["files"]["tests/test_e.py"]["seconds"] == 40.0
+
+
+def test_a_start_is_recorded_ready_or_not(tmp_path, monkeypatch):
+    record = tmp_path / "starts.jsonl"
+    monkeypatch.setenv(START_RECORD_VARIABLE, str(record))
+    assert start_record_path() == record
+    config = EngineConfig("models/tiny-agent", "tiny-agent", ("--max-num-seqs", "4"))
+    with recorded_start(8765, config):
+        pass
+    with pytest.raises(RuntimeError), recorded_start(8766, config):
+        raise RuntimeError("vLLM exited")
+    with record.open("a") as fh:
+        fh.write('{"began": 1, "cut off')  # a line cut off mid-write is skipped
+    first, second = timetable.read_starts(record)
+    assert first["ready"] is True and second["ready"] is False and second["port"] == 8766
+    assert first["model"] == "tiny-agent" and first["args"] == ["--max-num-seqs", "4"]
+    assert first["server"] == timetable.VLLM_SERVER and first["seconds"] >= 0
+    monkeypatch.delenv(START_RECORD_VARIABLE)
+    assert start_record_path().name == "engine-starts.jsonl"  # in the state directory by default
+
+
+def test_a_local_engine_start_appends_one_record(tmp_path, monkeypatch):
+    use_fake_engine(monkeypatch)  # tests/fake_engine_server.py, not vLLM
+    record = tmp_path / "starts.jsonl"
+    monkeypatch.setenv(START_RECORD_VARIABLE, str(record))
+    monkeypatch.setenv("WORKSHOP_PORT", str(free_port()))
+    engine = LocalEngine(load_settings())
+    try:
+        engine.start(timeout_s=60)
+        engine.start(timeout_s=60)  # already serving this configuration: no second start
+    finally:
+        engine.stop()
+    (line,) = timetable.read_starts(record)
+    assert line["ready"] is True and line["server"] == "fake_engine_server" and line["model"] == "tiny-agent"
+    assert line["ended"] >= line["began"]
+
+
+def test_the_cells_of_an_executed_notebook_are_kept_with_their_seconds_and_parameters(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## 1. Load"),
+                nbformat.v4.new_code_cell("REPEATS = 3", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("REPEATS = 1", metadata={"tags": ["injected-parameters"]}),
+                nbformat.v4.new_code_cell("\nrun(REPEATS)")]
+    for cell, (start, end) in zip(nb.cells[1:], [("00.000", "00.250"), ("00.300", "00.310"), ("01.000", "03.500")]):
+        cell.metadata["execution"] = {"iopub.execute_input": f"2026-01-01T00:00:{start}Z",
+                                      "shell.execute_reply": f"2026-01-01T00:00:{end}Z"}
+    path = tmp_path / "03_prefill_decode_kv_cache.ipynb"
+    nbformat.write(nb, path)
+    kept = timetable.notebook_cells(path, "tests/test_x.py::t")
+    assert [c["seconds"] for c in kept["cells"]] == [0.25, 0.01, 2.5] and kept["seconds"] == 2.76
+    assert kept["cells"][2] == {"index": 3, "seconds": 2.5, "section": "1. Load", "first_line": "run(REPEATS)"}
+    assert kept["parameters"] == "REPEATS = 1" and kept["test"] == "tests/test_x.py::t"
+    json.dumps(kept)  # written as JSON
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), path)
+    assert timetable.notebook_cells(path, "t") is None  # no timing: nothing to keep

@@ -1,0 +1,316 @@
+"""The suite's time table (issue 31): per test file its time, its engine starts and their time, per area a budget.
+
+Every pytest run writes, under ``build/``:
+
+- ``test-times.json`` and ``test-times.md``: per test file, the seconds its tests took (setup, call and teardown,
+  on the worker that ran them), how many tests and failures, the real vLLM starts it made and their seconds (from
+  the engine's own start records, ``helpers.engine.local.recorded_start``), and per area the time against its budget.
+- ``notebook-cells/<notebook>.json``: for each workshop notebook a test executed, the seconds of every cell
+  (nbclient's timing), the parameters injected and the test that ran it, to choose CI parameters by measurement.
+
+``make test`` runs pytest twice (the tests without an engine on both cores, then the engine tests one at a time)
+with one ``WORKSHOP_TEST_SUITE``: each run leaves a part in ``build/test-times/<suite>/`` and the table is the merge
+of every part of the suite. A run without it is a suite of its own. Budgets are figures to read, never a failure.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build"
+PARTS = BUILD / "test-times"
+SUITE_VARIABLE = "WORKSHOP_TEST_SUITE"  # one value for every pytest run of one `make test`
+RUN_VARIABLE = "WORKSHOP_TEST_RUN"  # this run's id, handed from the xdist controller to its workers
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"  # a start record's server when it was a real vLLM
+OLD_PARTS_S = 24 * 3600  # parts of suites older than a day are removed
+
+# The area of a test file, by name (fnmatch patterns, first match wins); a file not named here is "engine" when
+# one of its tests carries the engine marker, "unit" otherwise.
+AREAS_BY_FILE = (
+    ("test_engine_integration.py", "notebooks, local path"),  # the notebooks against the local engine (and a few reads)
+    ("test_k8s_path_notebooks.py", "notebooks, cluster path"),
+    ("*prometheus*", "Prometheus"),
+    ("*browser*", "browser"),
+)
+AREAS = ("unit", "engine", "notebooks, local path", "notebooks, cluster path", "browser", "Prometheus")
+# Budgets in seconds of test time per area on the faster machine kind (AMX, 2 cores, quiet): together 30 minutes,
+# the whole suite's target (issue 31). The slower kind (AVX-512 or AVX2 without AMX) gets 55/30 of each.
+# Unit tests run on two workers: their figure is worker-seconds, about twice the wall time they take.
+BUDGET_S = {"unit": 240, "engine": 420, "notebooks, local path": 660, "notebooks, cluster path": 300,
+            "browser": 90, "Prometheus": 90}
+SLOWER_KIND_FACTOR = 55 / 30
+
+
+def area_of(file: str, engine_marked: bool) -> str:
+    """The area a test file belongs to: by the table, else by its engine marker."""
+    name = Path(file).name
+    for pattern, area in AREAS_BY_FILE:
+        if fnmatch.fnmatch(name, pattern):
+            return area
+    return "engine" if engine_marked else "unit"
+
+
+def machine_kind() -> tuple[str, float]:
+    """(this machine's instruction-set kind, the budget factor for it): 1 with AMX, 55/30 without."""
+    from helpers.hardware.machine import cpu_info
+
+    isa = cpu_info().isa
+    return isa, 1.0 if isa == "AMX" else SLOWER_KIND_FACTOR
+
+
+def read_starts(path: Path) -> list[dict[str, Any]]:
+    """The start records of a JSON-lines file; a damaged line is skipped (a start cut off mid-write)."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("began"), (int, float)):
+            out.append(record)
+    return out
+
+
+def attribute_starts(tests: list[dict[str, Any]], starts: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict]]:
+    """The start records of each test's nodeid: a start belongs to the test that was running on the same worker
+    when it began (fixture set-up and teardown included); one that began outside every test goes to ""."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for worker, records in starts.items():
+        mine = sorted((t for t in tests if t["worker"] == worker), key=lambda t: t["began"])
+        for record in records:
+            owner = next((t["nodeid"] for t in mine if t["began"] <= record["began"] <= t["ended"]), "")
+            out[owner].append(record)
+    return dict(out)
+
+
+def file_rows(tests: list[dict[str, Any]], starts: dict[str, list[dict]], run: str) -> dict[str, dict[str, Any]]:
+    """Per test file: seconds, tests, failed, engine starts (real vLLM ones) and their seconds, fake starts, area."""
+    by_test = attribute_starts(tests, starts)
+    rows: dict[str, dict[str, Any]] = {}
+    for test in tests:
+        row = rows.setdefault(test["file"], {"seconds": 0.0, "tests": 0, "failed": 0, "engine_starts": 0,
+                                             "engine_start_s": 0.0, "fake_starts": 0, "engine_marked": False,
+                                             "unmarked_starts": [], "run": run})
+        row["seconds"] += test["seconds"]
+        row["tests"] += 1
+        row["failed"] += test["failed"]
+        row["engine_marked"] |= test["engine"]
+        for record in by_test.get(test["nodeid"], []):
+            if record.get("server", VLLM_SERVER) == VLLM_SERVER:
+                row["engine_starts"] += 1
+                row["engine_start_s"] += float(record.get("seconds", 0.0))
+                if not test["engine"]:
+                    row["unmarked_starts"].append(test["nodeid"])
+            else:
+                row["fake_starts"] += 1
+    for file, row in rows.items():
+        row["area"] = area_of(file, row["engine_marked"])
+        row["seconds"], row["engine_start_s"] = round(row["seconds"], 2), round(row["engine_start_s"], 2)
+    outside = [r for r in by_test.get("", []) if r.get("server", VLLM_SERVER) == VLLM_SERVER]
+    if outside:
+        rows["(outside any test)"] = {"seconds": 0.0, "tests": 0, "failed": 0, "engine_starts": len(outside),
+                                      "engine_start_s": round(sum(float(r.get("seconds", 0)) for r in outside), 2),
+                                      "fake_starts": 0, "engine_marked": True, "unmarked_starts": [], "run": run,
+                                      "area": "engine"}
+    return rows
+
+
+def merge(parts: list[dict[str, Any]], kind: str, factor: float) -> dict[str, Any]:
+    """One table from the parts of a suite: the files of every run, the runs' wall times, the areas and budgets."""
+    files: dict[str, dict[str, Any]] = {}
+    for part in sorted(parts, key=lambda p: p["began"]):
+        files.update(part["files"])  # a file run twice in one suite: its latest run
+    areas = {area: {"seconds": 0.0, "files": 0, "engine_starts": 0, "engine_start_s": 0.0,
+                    "budget_s": round(BUDGET_S[area] * factor)} for area in AREAS}
+    for row in files.values():
+        area = areas[row["area"]]
+        area["seconds"] += row["seconds"]
+        area["files"] += 1
+        area["engine_starts"] += row["engine_starts"]
+        area["engine_start_s"] += row["engine_start_s"]
+    for area in areas.values():
+        area["seconds"], area["engine_start_s"] = round(area["seconds"], 1), round(area["engine_start_s"], 1)
+        area["over"] = area["seconds"] > area["budget_s"]
+    runs = [{k: part[k] for k in ("run", "args", "workers", "wall_s", "tests", "exit_status")} for part in
+            sorted(parts, key=lambda p: p["began"])]
+    return {"machine_kind": kind, "budget_factor": round(factor, 3), "runs": runs,
+            "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+            "engine_starts": sum(r["engine_starts"] for r in files.values()),
+            "engine_start_s": round(sum(r["engine_start_s"] for r in files.values()), 1),
+            "areas": areas, "files": dict(sorted(files.items(), key=lambda kv: -kv[1]["seconds"]))}
+
+
+def over_budget(table: dict[str, Any]) -> list[str]:
+    """A sentence per area whose time went over its budget."""
+    return [f"{name}: {area['seconds']:,.0f} s, budget {area['budget_s']:,} s (+{area['seconds'] - area['budget_s']:,.0f} s)"
+            for name, area in table["areas"].items() if area["over"]]
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """The table as Markdown: the runs, the areas against their budgets, then every file, slowest first."""
+    lines = ["# Test times", "",
+             f"Machine kind: {table['machine_kind']} (budgets x{table['budget_factor']:g}). Wall time of the runs: "
+             f"{table['wall_s']:,.0f} s. Real vLLM starts: {table['engine_starts']} taking {table['engine_start_s']:,.0f} s.",
+             "Seconds are test time (set-up, call, teardown) on the worker that ran the file; under xdist the files "
+             "of one run overlap. Budgets are figures to read, never a failure.", "",
+             "| run | workers | tests | wall s | exit |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{' '.join(r['args']) or '(all)'}` | {r['workers']} | {r['tests']} | {r['wall_s']:,.1f} | {r['exit_status']} |"
+              for r in table["runs"]]
+    lines += ["", "| area | files | seconds | budget s | engine starts | start s | over |",
+              "|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {name} | {a['files']} | {a['seconds']:,.1f} | {a['budget_s']:,} | {a['engine_starts']} | "
+              f"{a['engine_start_s']:,.1f} | {'OVER' if a['over'] else ''} |" for name, a in table["areas"].items()]
+    lines += ["", "| file | area | tests | failed | seconds | engine starts | start s |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {file} | {r['area']} | {r['tests']} | {r['failed']} | {r['seconds']:,.1f} | {r['engine_starts']} | "
+              f"{r['engine_start_s']:,.1f} |" for file, r in table["files"].items()]
+    unmarked = sorted({n for r in table["files"].values() for n in r["unmarked_starts"]})
+    if unmarked:
+        lines += ["", "Tests that started a real vLLM without the engine marker: " + ", ".join(unmarked)]
+    return "\n".join(lines) + "\n"
+
+
+def notebook_cells(executed: Path, nodeid: str) -> dict[str, Any] | None:
+    """The per-cell seconds of an executed notebook (nbclient's timing); None when it holds no timing."""
+    import nbformat
+
+    from helpers.lab.notebooks import cell_seconds, cell_sections
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    sections = cell_sections(nb)
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        seconds = cell_seconds(cell) if cell.cell_type == "code" else None
+        if seconds is not None:
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            cells.append({"index": index, "seconds": round(seconds, 3), "section": sections[index],
+                          "first_line": first[:100]})
+    if not cells:
+        return None
+    injected = [c.source for c in nb.cells if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    return {"notebook": executed.name, "test": nodeid, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "parameters": injected[0] if injected else "", "seconds": round(sum(c["seconds"] for c in cells), 2),
+            "cells": cells}
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # whole, also when another worker or run writes the same file
+
+
+class TimeTable:
+    """The pytest plugin: collects every test's phases (in the xdist controller, from the workers' reports), points
+    each process's engine start records at a file of its own, and writes and prints the table at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.controller = not hasattr(config, "workerinput")
+        if self.controller and not os.environ.get(RUN_VARIABLE):
+            os.environ[RUN_VARIABLE] = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        self.run = os.environ[RUN_VARIABLE]
+        self.suite = os.environ.get(SUITE_VARIABLE) or self.run
+        self.dir = PARTS / self.suite
+        self.worker = config.workerinput["workerid"] if not self.controller else "main"
+        from helpers.engine.local import START_RECORD_VARIABLE
+
+        os.environ[START_RECORD_VARIABLE] = str(self.dir / f"starts-{self.run}-{self.worker}.jsonl")
+        self.began = self.test_began = time.time()
+        self.phases: dict[str, dict[str, Any]] = {}
+        self.table: dict[str, Any] | None = None
+
+    # ---- every process
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.test_began = time.time()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        tmp = (getattr(item, "funcargs", None) or {}).get("tmp_path")  # before the fixtures' teardown
+        if isinstance(tmp, Path) and tmp.is_dir():
+            self._keep_notebook_cells(tmp, item.nodeid, self.test_began)
+
+    def _keep_notebook_cells(self, tmp: Path, nodeid: str, began: float) -> None:
+        from helpers.lab.notebooks import NOTEBOOK_DIR
+
+        for executed in tmp.rglob("*.ipynb"):
+            if (NOTEBOOK_DIR / executed.name).exists() and executed.stat().st_mtime >= began:
+                cells = notebook_cells(executed, nodeid)
+                if cells:
+                    _write(BUILD / "notebook-cells" / f"{executed.stem}.json", json.dumps(cells, indent=1) + "\n")
+
+    # ---- the controller (or the only process)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.controller:
+            return
+        worker = getattr(report, "worker_id", None) or getattr(getattr(report, "node", None), "gateway", None)
+        worker = worker if isinstance(worker, str) else getattr(worker, "id", "main")
+        test = self.phases.setdefault(report.nodeid, {
+            "nodeid": report.nodeid, "file": report.nodeid.split("::", 1)[0], "worker": worker, "seconds": 0.0,
+            "began": report.start, "ended": report.stop, "failed": 0, "engine": "engine" in report.keywords})
+        test["seconds"] += report.duration
+        test["began"], test["ended"] = min(test["began"], report.start), max(test["ended"], report.stop)
+        test["failed"] = max(test["failed"], int(report.failed))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.controller or not self.phases:
+            return
+        starts = {p.name.removeprefix(f"starts-{self.run}-").removesuffix(".jsonl"): read_starts(p)
+                  for p in self.dir.glob(f"starts-{self.run}-*.jsonl")}
+        tests = list(self.phases.values())
+        part = {"run": self.run, "began": self.began, "wall_s": round(time.time() - self.began, 1),
+                "args": [a for a in self.config.invocation_params.args if not a.startswith("--junit")],
+                "workers": len({t["worker"] for t in tests}), "tests": len(tests), "exit_status": int(exitstatus),
+                "files": file_rows(tests, starts, self.run)}
+        _write(self.dir / f"part-{self.run}.json", json.dumps(part, indent=1) + "\n")
+        parts = []
+        for path in self.dir.glob("part-*.json"):
+            try:
+                parts.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        kind, factor = machine_kind()
+        self.table = merge(parts, kind, factor)
+        _write(BUILD / "test-times.json", json.dumps(self.table, indent=1) + "\n")
+        _write(BUILD / "test-times.md", markdown(self.table))
+        for old in PARTS.glob("*"):  # this run's own parts too when it is a suite of its own (no WORKSHOP_TEST_SUITE)
+            if old.is_dir() and (old == self.dir and not os.environ.get(SUITE_VARIABLE) or
+                                 old != self.dir and time.time() - old.stat().st_mtime > OLD_PARTS_S):
+                try:
+                    for path in old.iterdir():
+                        path.unlink(missing_ok=True)
+                    old.rmdir()
+                except OSError:
+                    pass  # another run is writing there: left for a later run
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.controller or self.table is None:
+            return
+        table, write = self.table, terminalreporter.write_line
+        terminalreporter.section("time table (build/test-times.md)")
+        write(f"{len(table['runs'])} run(s) of this suite, {table['wall_s']:,.0f} s wall; real vLLM starts: "
+              f"{table['engine_starts']} taking {table['engine_start_s']:,.0f} s; machine kind {table['machine_kind']}")
+        for file, row in list(table["files"].items())[:5]:
+            write(f"  {row['seconds']:7,.1f} s  {row['engine_starts']:2d} starts  {file}")
+        over = over_budget(table)
+        write("over budget: " + "; ".join(over) if over else "every area within its budget")
+        unmarked = sorted({n for r in table["files"].values() for n in r["unmarked_starts"]})
+        if unmarked:
+            write(f"started a real vLLM without the engine marker: {', '.join(unmarked)}")
