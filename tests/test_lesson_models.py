@@ -90,3 +90,41 @@ def test_a_cluster_engine_is_never_given_a_directory_of_the_notebook_pod(tmp_pat
         assert resolve_model(hub_id, "k8s") == hub_id == resolve_model(hub_id, "gpu")
     assert resolve_model(str(tmp_path), "gpu") == str(tmp_path)  # a local GPU engine reads this machine's disk
     assert resolve_model("tiny-agent", "cpu").endswith("models/tiny-agent")
+
+
+def test_lesson_models_keeps_what_the_profile_has_and_says_what_it_skips(capsys):
+    from helpers.core.models import lesson_models
+
+    assert lesson_models("fp8-checkpoint", "w8a8", settings=CPU) == ["tiny-agent-fp8-dynamic", "tiny-agent-w8a8"]
+    assert capsys.readouterr().out == ""
+    assert lesson_models("fp8-checkpoint", "w8a8", "w4a16", settings=K8S) == ["RedHatAI/Qwen3-4B-FP8-dynamic"]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [missing_reason("w8a8", K8S), missing_reason("w4a16", K8S)]
+
+
+def test_the_workshop_gpu_default_is_stated_and_a_named_one_is_not(capsys):
+    from helpers.core.models import workshop_gpu
+
+    assert workshop_gpu(CPU) == "RTX 4000 Ada" and "WORKSHOP_GPU is unset" in capsys.readouterr().out
+    assert workshop_gpu(load_settings({"WORKSHOP_GPU": "L4"})) == "L4" and capsys.readouterr().out == ""
+
+
+def test_the_cluster_draft_is_the_rooms_hub_id_and_a_missing_one_is_left_out(monkeypatch, capsys):
+    import json
+
+    import pandas as pd
+
+    from helpers.lessons.l06 import aligned_vs_misaligned, draft_methods, spec_config
+
+    monkeypatch.setenv("VLLM_HOST", "http://vllm-engine:8000/v1")
+    monkeypatch.setenv("NAMESPACE", "ws-01")
+    monkeypatch.delenv("WORKSHOP_PROFILE", raising=False)
+    assert json.loads(spec_config("draft_model", 3, model="Qwen/Qwen3-0.6B"))["model"] == "Qwen/Qwen3-0.6B"
+    with pytest.raises(EngineError, match="tiny model shipped for the CPU profile"):
+        spec_config("draft_model", 3, model="tiny-draft")
+    methods = draft_methods(3, lesson_model("draft"), lesson_model("misaligned-draft"), ("A", "M", "N"), "base")
+    assert list(methods) == ["base", "A", "N"] and methods["base"] is None
+    assert capsys.readouterr().out.strip() == missing_reason("misaligned-draft", K8S)
+    runs = pd.DataFrame({"config": ["A", "A"], "acceptance_rate": [0.5, 0.6]})
+    left_out = aligned_vs_misaligned(runs, "A", "M")
+    assert left_out.text.startswith("not run: M left out") and left_out.verdict == ""

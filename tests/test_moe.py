@@ -1,6 +1,7 @@
 """Dense vs MoE conclusions: fed runs that agree with the lesson, and the implausible 332 vs 28 tok/s."""
 
 import pandas as pd
+import pytest
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 from helpers.lessons.l04_moe import conclude_dense_vs_moe, conclude_roofline_fit, decode_table, moe_gpu_caveat
@@ -72,13 +73,40 @@ def test_an_endpoint_run_elsewhere_is_measured_on_the_tiny_models_it_serves(monk
     engine = ExternalEngine(settings)
     lab = SimpleNamespace(settings=settings, engine=engine, model="tiny-agent")
     monkeypatch.setattr(engine, "served_models", lambda: ["Qwen/Qwen3-4B"])
-    with pytest.raises(RuntimeError, match=r"serves \['Qwen/Qwen3-4B'\], none of \['tiny-agent', 'tiny-moe'\]"):
-        moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
     seen = []
-    monkeypatch.setattr(engine, "served_models", lambda: ["tiny-agent"])
     monkeypatch.setattr(moe, "interleave", lambda runs, rounds, desc: seen.append(list(runs)) or {})
+    lab.model = "Qwen/Qwen3-4B"  # serving neither: what it serves is measured, and the notebook goes on
     moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
-    assert seen == [["tiny-agent"]]  # the MoE is not switched to: that would restart an engine we do not run
+    assert seen == [["Qwen/Qwen3-4B"]]
+    lab.model = "tiny-agent"
+    monkeypatch.setattr(engine, "served_models", lambda: ["tiny-agent"])
+    moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 1, 10.0)
+    assert seen[-1] == ["tiny-agent"]  # the MoE is not switched to: that would restart an engine we do not run
+
+
+def test_a_moe_the_room_did_not_download_is_skipped_with_its_sentence(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from helpers.core.models import missing_reason
+    from helpers.core.settings import load_settings
+    from helpers.lessons import l04_moe as moe
+
+    settings = load_settings({"VLLM_HOST": "http://vllm-engine:8000/v1", "NAMESPACE": "ws-01"})
+    engine = SimpleNamespace(reconfigurable=True)
+    lab = SimpleNamespace(settings=settings, engine=engine, model="Qwen/Qwen3-4B")
+    seen = []
+    monkeypatch.setattr(moe, "interleave", lambda runs, rounds, desc: seen.append(list(runs)) or {})
+    moe.measure_decode(lab, [moe.lesson_model("baseline", settings), moe.lesson_model("moe", settings)],
+                       [1], 8, 8, 1, 1, 1, 10.0)
+    assert seen == [["Qwen/Qwen3-4B"]] and capsys.readouterr().out.strip() == missing_reason("moe", settings)
+
+
+def test_a_hub_id_is_counted_from_its_published_config_and_a_shipped_name_from_its_directory():
+    from helpers.lessons.l04_moe import model_config
+
+    assert model_config("Qwen/Qwen3-4B").name == "Qwen3-4B.json" and model_config("tiny-moe").is_dir()
+    with pytest.raises(FileNotFoundError, match="no config for 'org/unknown'"):
+        model_config("org/unknown")
 
 
 def test_paper_and_fade_tables_from_the_published_configs():

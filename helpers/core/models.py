@@ -101,3 +101,24 @@ def missing_reason(role: str, settings: Settings | None = None) -> str | None:
     return (f"Not run: {entry.what} ({role}) has no model on the {_settings(settings).profile} profile, since "
             f"{entry.missing}; this step is skipped and its checks say so.")
 
+
+
+def lesson_models(*roles: str, settings: Settings | None = None) -> list[str]:
+    """The models of ``roles`` on this profile, in order; for each role the room has none for, its sentence printed."""
+    found = []
+    for role in roles:
+        model = lesson_model(role, settings)
+        if model is None:
+            print(missing_reason(role, settings))
+        else:
+            found.append(model)
+    return found
+
+
+def workshop_gpu(settings: Settings | None = None) -> str:
+    """The workshop GPU's name (``WORKSHOP_GPU``, set by provisioning); unset, the default, and one line that says so."""
+    settings = _settings(settings)
+    if settings.gpu_is_default:
+        print(f"WORKSHOP_GPU is unset, so the GPU figures are for the default, {settings.gpu} (the public workshop's "
+              "GPU); set WORKSHOP_GPU to your GPU's name in helpers/hardware/gpus.py for yours.")
+    return settings.gpu

@@ -260,10 +260,19 @@ def notebook_parameters(nb: nbformat.NotebookNode) -> dict[str, Any]:
             for name, value in zip(names, values):
                 if isinstance(name, ast.Name):
                     try:
-                        out[name.id] = NOT_A_LITERAL if value is None else ast.literal_eval(value)
+                        out[name.id] = NOT_A_LITERAL if value is None else ast.literal_eval(_cpu_value(value))
                     except (ValueError, SyntaxError, TypeError):
                         out[name.id] = NOT_A_LITERAL
     return out
+
+
+def _cpu_value(value: ast.expr) -> ast.expr:
+    """The CPU value of ``by_profile(cpu=..., gpu=...)`` (its type is the parameter's); any other expression as it is."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "by_profile":
+        cpu = [k.value for k in value.keywords if k.arg == "cpu"] or value.args[:1]
+        if cpu:
+            return cpu[0]
+    return value
 
 
 _TYPE_WORDS = {bool: ("true or false", "true/false values"), int: ("a whole number", "whole numbers"),

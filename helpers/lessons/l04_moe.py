@@ -13,12 +13,14 @@ and ``moe_beside_gpu`` put this run's CPU number beside the roofline of a GPU an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, UNKNOWN, compare_samples, interleave
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
+from helpers.core.models import by_profile, lesson_model, missing_reason, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
 from helpers.hardware.gpus import get_gpu
@@ -37,7 +39,7 @@ __all__ = [  # this module's own, then what notebook 04 uses from the floors bel
     "plot_tiny_decode", "tiny_roofline_points", "PUBLISHED_MOE", "moe_roofline_table", "moe_beside_gpu",
     "Conclusion", "REFERENCE_CONFIGS", "check_prediction", "check_quiet", "conclude_reasoning_cost", "count_params",
     "get_gpu", "ratio_outcome", "reasoning_cost", "report", "roofline", "should_see", "should_see_conclusion",
-    "show_conclusions", "weight_bytes", "models_dir",
+    "show_conclusions", "weight_bytes", "models_dir", "model_config", "by_profile", "lesson_model", "workshop_gpu",
 ]
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
@@ -57,27 +59,44 @@ PUBLISHED_MOE = {
 }
 
 
-def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: int, output_len: int,
+def model_config(name: str) -> Path:
+    """Where ``name``'s config.json is read from here: a shipped model's directory, else the published config of a hub
+    id (``helpers/data/configs/<name after the slash>.json``: the notebook pod has no copy of the room's weights)."""
+    shipped = models_dir() / name
+    if "/" not in name and shipped.is_dir():
+        return shipped
+    published = REFERENCE_CONFIGS / f"{name.rsplit('/', 1)[-1]}.json"
+    if published.is_file():
+        return published
+    raise FileNotFoundError(f"no config for {name!r}: neither a model shipped in models/ nor a published config in "
+                            f"{REFERENCE_CONFIGS} (add its config.json there to measure it)")
+
+
+def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input_len: int, output_len: int,
                    requests_per_stream: int, repeats: int, rounds: int, bandwidth_gb_s: float) -> pd.DataFrame:
     """One row per (model, batch, run): client throughput, the engine's own step time (from
     ``vllm:inter_token_latency_seconds``), decode tokens/s from it, and the roofline ceiling and MBU at
-    ``bandwidth_gb_s``. The engine goes back to the model it served before."""
+    ``bandwidth_gb_s``. ``models`` is [dense, MoE]; None for a model the room did not download, which is skipped
+    with its sentence; an endpoint run elsewhere measures what it serves. The engine goes back to its model."""
     from helpers.measure.bench_results import summarize
     from helpers.measure.loadgen import prompt_factory, run_load
     from helpers.measure.workloads import Load, Workload
     from helpers.planning.kv import kv_cache_bytes
     from helpers.measure.server_metrics import scrape, window
-    from helpers.core.settings import models_dir
 
     baseline = lab.model
-    if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only the tiny models it serves
+    if None in models:  # a role the room did not download (the MoE without components/with-moe)
+        print(missing_reason("moe", lab.settings))
+        models = [m for m in models if m is not None]
+    if not lab.engine.reconfigurable:  # an endpoint run elsewhere: only what it serves
         served = lab.engine.served_models()
-        kept = [m for m in models if m in served and (models_dir() / m).is_dir()]
+        kept = [m for m in models if m in served]
         if not kept:
-            raise RuntimeError(f"{lab.settings.base_url} serves {served}, none of {models}: this section measures the "
-                               "tiny models, which the local engine serves (unset VLLM_HOST) or the cluster profile "
-                               "can switch to.")
-        if len(kept) < len(models):
+            print(f"{lab.settings.base_url} serves {', '.join(served)}, none of {', '.join(models)}, and its model is "
+                  f"set where it runs, so this measures {lab.model} alone (the local engine, unset VLLM_HOST, or the "
+                  "cluster profile can switch models).")
+            kept = [lab.model]
+        elif len(kept) < len(models):
             print(f"measuring only {', '.join(kept)}: {lab.settings.base_url} is run elsewhere, so its model is set "
                   "where it runs (the local engine or the cluster profile can switch models)")
         models = kept
@@ -86,8 +105,8 @@ def measure_decode(lab: Lab, models: list[str], batches: list[int], input_len: i
         def run() -> list[dict[str, Any]]:
             if lab.model != name:
                 lab.engine.switch_model(name)
-            counts = count_params(models_dir() / name)
-            kv_per_token = kv_cache_bytes(models_dir() / name).bytes_per_token
+            counts = count_params(model_config(name))
+            kv_per_token = kv_cache_bytes(model_config(name)).bytes_per_token
             prompts = prompt_factory(lab.settings, lab.model)  # calibrated once per model, salted per run
             rows = []
             for b in batches:
@@ -241,13 +260,12 @@ def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
 def tiny_roofline_points(tiny: pd.DataFrame, cpu: Any, input_len: int, output_len: int) -> list[Any]:
     """The measured tiny-model decode steps (``decode_table`` rows) as points on this machine's roofline."""
     from helpers.planning.kv import kv_cache_bytes
-    from helpers.core.settings import models_dir
 
     points = []
     for _, r in tiny.iterrows():
-        counts = count_params(models_dir() / r.model)
+        counts = count_params(model_config(r.model))
         bound = roofline.decode_bound(cpu, roofline.moe_bytes_per_step(counts, r.batch), counts.active, r.batch,
-                                      input_len + output_len // 2, kv_cache_bytes(models_dir() / r.model).bytes_per_token)
+                                      input_len + output_len // 2, kv_cache_bytes(model_config(r.model)).bytes_per_token)
         points.append(roofline.decode_point(bound, r.server_step_ms / 1000, f"{r.model} B={r.batch}"))
     return points
 

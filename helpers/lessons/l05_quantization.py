@@ -20,6 +20,7 @@ import pandas as pd
 from helpers.core.comparison import BETTER, SAME, WORSE, compare_samples
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
+from helpers.core.models import by_profile, lesson_model, lesson_models, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.evals.scorecard import size_on_disk_mb
 from helpers.hardware.machine import capability, model_feature
@@ -37,7 +38,8 @@ __all__ = [  # this module's own, then what notebook 05 uses from the floors bel
     "ladder_check", "map_disagreements", "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion",
     "startup_kv", "too_slow_reason",
     "REFERENCE_CONFIGS", "check_prediction", "format_ladder", "models_dir", "plots", "quantization_map", "report",
-    "should_see", "should_see_conclusion", "size_on_disk_mb",
+    "should_see", "should_see_conclusion", "size_on_disk_mb", "by_profile", "lesson_model", "lesson_models",
+    "workshop_gpu",
 ]
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
@@ -440,7 +442,7 @@ def fp8_beside_gpu(rows: Sequence[Mapping[str, Any]], baseline_speeds: Sequence[
 
 
 def _is_fp8_weights(name: str) -> bool:
-    return "fp8" in name and not name.startswith("kv-cache")
+    return "fp8" in name.lower() and not name.startswith("kv-cache")
 
 
 def planned_kv_tokens(reference_config: str | Path, gpu: str, weight_dtype: str, kv_dtype: str = "bf16",

@@ -11,6 +11,7 @@ the longest agreeing prefix plus one token of its own. The server counts drafts,
 """
 
 from helpers.core.conclusion import report
+from helpers.core.models import by_profile, lesson_model, workshop_gpu
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
 from helpers.evals.suite import compare
 from helpers.hardware.machine import check_quiet
@@ -19,8 +20,8 @@ from helpers.lessons.l06.cost import (PUBLISHED_GPU, TALK_EXAMPLE, arithmetic_se
                                       batching_conclusion, cost_conclusion, cost_table, gpu_beside_cpu, step_arithmetic)
 from helpers.lessons.l06.lossless import (lossless_sampler, lossless_tests, permutation_test, sample_continuations,
                                           samples_summary)
-from helpers.lessons.l06.methods import (METHODS, copied_text_lookup, installed_spec_methods, lookup_outcome,
-                                         method_map, prompt_lookup_length, spec_config)
+from helpers.lessons.l06.methods import (METHODS, copied_text_lookup, draft_methods, installed_spec_methods,
+                                         lookup_outcome, method_map, prompt_lookup_length, spec_config)
 from helpers.lessons.l06.runs import (BASELINE, SPEC_FLAG, agent_workload, baseline_tok_s, mean_runs,
                                       measure_speculation, per_k, run_methods)
 from helpers.lessons.l06.verdicts import (acceptance_conclusion, aligned_vs_misaligned, formula_conclusion,
@@ -34,12 +35,13 @@ __all__ = [
     "PUBLISHED_GPU", "TALK_EXAMPLE", "arithmetic_sentence", "arithmetic_table", "batching_conclusion",
     "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "lossless_sampler", "lossless_tests",
     "permutation_test", "sample_continuations", "samples_summary", "METHODS", "copied_text_lookup",
-    "installed_spec_methods", "lookup_outcome", "method_map", "prompt_lookup_length", "spec_config", "BASELINE",
+    "installed_spec_methods", "draft_methods", "lookup_outcome", "method_map", "prompt_lookup_length", "spec_config",
+    "BASELINE",
     "SPEC_FLAG", "agent_workload", "baseline_tok_s", "mean_runs", "measure_speculation", "per_k", "run_methods",
     "acceptance_conclusion", "aligned_vs_misaligned", "formula_conclusion", "k_conclusion", "length_gain_outcome",
     "lowest_concurrency_conclusion", "method_conclusion", "speculation_caveat", "speculation_conclusions", "speedups",
     "trend_conclusion",
     # from the floors below, for the notebook
     "report", "check_prediction", "should_see", "should_see_conclusion", "compare", "check_quiet", "plots",
-    "expected_length_table", "more_guesses",
+    "expected_length_table", "more_guesses", "by_profile", "lesson_model", "workshop_gpu",
 ]

@@ -12,16 +12,18 @@ from helpers.core.settings import models_dir
 
 
 def spec_config(method: str, num_speculative_tokens: int, model: str | None = None, **options: Any) -> str:
-    """The JSON for ``--speculative-config``: ``ngram`` (prompt lookup) or ``draft_model`` (a model name:
-    a shipped tiny model's directory when one exists under models/, else a hub id)."""
+    """The JSON for ``--speculative-config``: ``ngram`` (prompt lookup) or ``draft_model`` (a model name: on the CPU
+    profile a shipped tiny model's directory, else a hub id; ``resolve_model`` refuses a tiny model on a cluster)."""
     if num_speculative_tokens < 1:
         raise ValueError("num_speculative_tokens must be >= 1")
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": num_speculative_tokens, **options}
     if method == "draft_model":
         if not model:
             raise ValueError("method draft_model needs model= (a draft sharing the target's tokenizer)")
-        path = models_dir() / model
-        config["model"] = str(path) if path.is_dir() else model
+        from helpers.core.settings import load_settings
+        from helpers.engine.interface import resolve_model
+
+        config["model"] = resolve_model(model, load_settings().profile)  # on a cluster: a hub id, never a local path
     elif method == "ngram":
         config.setdefault("prompt_lookup_max", 4)
         config.setdefault("prompt_lookup_min", 2)
@@ -162,3 +164,19 @@ def copied_text_lookup(model: str, text: str, copies: int, k: int) -> tuple[floa
 def lookup_outcome(length: float, k: int) -> str:
     """'about 1', 'between 1 and k+1' or 'about k+1' tokens per step."""
     return "about 1" if length < 1.2 else "about k+1" if length >= 0.9 * (k + 1) else "between 1 and k+1"
+
+
+def draft_methods(k: int, aligned: str | None, misaligned: str | None, names: tuple[str, str, str],
+                  baseline: str) -> dict[str, str | None]:
+    """Section 2's methods: no speculation, the aligned and the misaligned draft at ``k`` guesses and ngram (``names``:
+    their labels); a draft the room did not download (None) is left out with its sentence printed."""
+    from helpers.core.models import missing_reason
+
+    methods: dict[str, str | None] = {baseline: None}
+    for name, model, role in ((names[0], aligned, "draft"), (names[1], misaligned, "misaligned-draft")):
+        if model is None:
+            print(missing_reason(role))
+        else:
+            methods[name] = spec_config("draft_model", k, model=model)
+    methods[names[2]] = spec_config("ngram", k)
+    return methods
