@@ -1,17 +1,22 @@
-"""Shared fixtures: an isolated state directory, and the real local engine for integration tests; the suite's time
-table (tests/timetable.py: build/test-times.md on every run)."""
+"""Shared fixtures: an isolated state directory, and one real local engine of the default configuration that the
+engine tests which only read from it share (``shared_engine``); the suite's time table (tests/timetable.py:
+build/test-times.md on every run)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from helpers.core.settings import CONTRACT_VARIABLES
+from fakes import engine_environment
+from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 from timetable import TimeTable
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")  # another port lets two suites run side by side
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,3 +30,56 @@ def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.delenv(name, raising=False)
     if "WORKSHOP_STATE_DIR" not in os.environ:
         monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+class SharedEngine:
+    """The suite's real local engine on TEST_PORT with its own state directory, started by the first test that uses
+    it and kept for the next one that does. ``use()`` puts it back on the default configuration when a test before
+    changed its flags or model (``LocalEngine.start``: no restart when it already serves that configuration). A test
+    that changes flags or the model for itself starts an engine of its own instead, and says so."""
+
+    def __init__(self, state_dir: Path, port: str = TEST_PORT) -> None:
+        self.state_dir, self.port = state_dir, port
+        self.lab = None  # the Lab while the engine runs
+
+    @contextmanager
+    def use(self) -> Iterator:
+        """The Lab, with this process's environment on the engine's port and state directory while it is used."""
+        from helpers.engine.interface import default_config
+        from helpers.engine.session import connect
+
+        with engine_environment(self.port, self.state_dir):
+            if self.lab is None:
+                self.lab = connect(load_settings())
+            else:
+                self.lab.engine.start(default_config(self.lab.settings))
+            yield self.lab
+
+    def stop(self) -> None:
+        if self.lab is not None:
+            with engine_environment(self.port, self.state_dir):
+                self.lab.engine.stop()
+            self.lab = None
+
+
+_SHARED: list[SharedEngine] = []  # the session's one SharedEngine, once a test asked for it
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngine]:
+    """One real engine of the default configuration for every test that only reads from it (stopped at the end)."""
+    shared = SharedEngine(tmp_path_factory.mktemp("shared-engine-state"))
+    _SHARED.append(shared)
+    try:
+        yield shared
+    finally:
+        shared.stop()
+        _SHARED.remove(shared)
+
+
+@pytest.hookimpl(trylast=True)  # after the fixtures' teardown
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared engine when the next test does not use it: it never runs beside a test's own engine (their
+    ports and the machine's two cores are shared); a later test that uses it starts it again."""
+    if _SHARED and (nextitem is None or "shared_engine" not in nextitem.fixturenames):
+        _SHARED[0].stop()

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from fakes import engine_environment
 from helpers.lab.notebooks import REPO_ROOT, workshop_notebooks
-from helpers.engine.session import connect
-from helpers.core.settings import CONTRACT_VARIABLES, load_settings
+from helpers.core.settings import CONTRACT_VARIABLES
 
 INSTALL = REPO_ROOT / "install" / "install.py"
-PORT = str(int(os.environ.get("WORKSHOP_TEST_PORT", "8765")) + 11)  # beside the other engine tests' ports
 
 
 def notebook_helper_modules() -> list[str]:
@@ -53,17 +54,32 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+SUITE_VENVS = Path(tempfile.gettempdir())  # client-venv-<suite>: one install for both runs of `make test`
+OLD_VENV_S = 24 * 3600
+
+
 @pytest.fixture(scope="module")
-def client_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("client-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    # PIP_NO_COMPILE: no .pyc files written for torch's thousands of modules, a shorter install
-    done = subprocess.run([str(python), str(INSTALL), "--profile", "client"], capture_output=True,
-                          text=True, timeout=900, env=_clean_env(PIP_NO_COMPILE="1"))
-    assert done.returncode == 0, f"install.py client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
-    return python
+def client_python(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The client install in a fresh virtualenv. Under `make test` (WORKSHOP_TEST_SUITE) the run without an engine
+    installs it and the engine run reuses it, then removes it; a lone pytest run installs it in its temporary folder."""
+    suite = os.environ.get("WORKSHOP_TEST_SUITE")
+    venv = SUITE_VENVS / f"client-venv-{suite}" if suite else tmp_path_factory.mktemp("client-venv")
+    python, installed = venv / "bin" / "python", venv / ".installed-client"
+    for old in SUITE_VENVS.glob("client-venv-suite-*"):  # a suite whose engine run never came
+        if old != venv and time.time() - old.stat().st_mtime > OLD_VENV_S:
+            shutil.rmtree(old, ignore_errors=True)
+    if not installed.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+        # PIP_NO_COMPILE: no .pyc files written for torch's thousands of modules, a shorter install
+        done = subprocess.run([str(python), str(INSTALL), "--profile", "client"], capture_output=True,
+                              text=True, timeout=900, env=_clean_env(PIP_NO_COMPILE="1"))
+        assert done.returncode == 0, f"install.py client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
+        installed.touch()
+    yield python
+    if suite and any(item.get_closest_marker("engine") and "client_python" in item.fixturenames
+                     for item in request.session.items):  # the engine run, the last of the suite to need it
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):
@@ -100,14 +116,11 @@ def test_client_env_has_no_vllm_and_imports_every_helper_module_a_notebook_uses(
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory):
-    """The real local engine, started from the suite's full environment on its own port and state dir."""
-    with engine_environment(PORT, tmp_path_factory.mktemp("client-engine-state")):
-        lab = connect(load_settings())
-        try:
-            yield lab.settings.base_url
-        finally:
-            lab.engine.stop()
+def engine_url(shared_engine):
+    """The suite's shared engine (tests/conftest.py), run from the suite's full environment on the default
+    configuration: the notebooks only read from it through VLLM_HOST, which changes neither its flags nor its model."""
+    with shared_engine.use() as lab:
+        yield lab.settings.base_url
 
 
 @pytest.mark.engine

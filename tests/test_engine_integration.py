@@ -1,6 +1,7 @@
 """Against the real local engine: vLLM's CPU build serving the shipped tiny agent model.
 
-One engine is started for the module on its own port and state directory, then stopped.
+The module works on the suite's shared engine (tests/conftest.py ``shared_engine``: its own port and state directory,
+on the default configuration when the module begins); its tests change flags and models on it in turn.
 """
 
 from __future__ import annotations
@@ -18,24 +19,18 @@ from helpers.engine.interface import EngineStartError
 from helpers.core.vllm_args import flag_value
 from helpers.hardware.machine import capability
 from helpers.lab.notebooks import LONG_CELL_S, REPO_ROOT, run_notebook
-from helpers.engine.session import EndpointError, connect
-from helpers.core.settings import CONTRACT_VARIABLES, load_settings
+from helpers.engine.session import EndpointError
 
 pytestmark = pytest.mark.engine
 PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")  # another port lets two suites run side by side
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    saved = dict(os.environ)
-    for name in CONTRACT_VARIABLES:
-        os.environ.pop(name, None)
-    os.environ.update(WORKSHOP_PORT=PORT, WORKSHOP_STATE_DIR=str(tmp_path_factory.mktemp("engine-state")))
-    lab = connect(load_settings())
-    yield lab
-    lab.engine.stop()
-    os.environ.clear()
-    os.environ.update(saved)
+def lab(shared_engine):
+    """The shared engine on PORT, this process's environment on its port and state directory for the module (the
+    notebooks' kernels connect through it); the next test that uses it finds it back on the default configuration."""
+    with shared_engine.use() as lab:
+        yield lab
 
 
 _RUNS: list = []

@@ -144,6 +144,8 @@ def test_port_holder_finds_the_listening_process():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
+    # An engine of its own, not the suite's shared one: these tests start it from two processes at once, with an API
+    # key, lose its state file and kill it with SIGKILL.
     with engine_environment(PORT, tmp_path_factory.mktemp("owned-engine")) as state:
         try:
             yield state

@@ -29,6 +29,7 @@ if os.uname().machine not in ("x86_64", "AMD64"):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    # An engine of its own, not the suite's shared one: it runs as another CPU kind (WORKSHOP_CPU_ISA=avx2).
     saved = dict(os.environ)
     for name in CONTRACT_VARIABLES:
         os.environ.pop(name, None)

@@ -135,7 +135,7 @@ def test_variant_loads_and_serves_on_vllm_cpu(name, tmp_path, monkeypatch):
         pytest.skip(f"{name}: {capability(need).reason}")
     for variable in CONTRACT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("WORKSHOP_PORT", ENGINE_PORT)
+    monkeypatch.setenv("WORKSHOP_PORT", ENGINE_PORT)  # an engine of its own per variant: each serves another model
     monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("MODEL_NAME", name)
     settings = load_settings()

@@ -53,6 +53,7 @@ def _ours(state_dir: str) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def replica_set(tmp_path_factory):
+    # Engines of their own, not the suite's shared one: two replicas behind the router, and the tests kill one.
     with engine_environment(PORT, tmp_path_factory.mktemp("replicas-state")):
         try:
             code, out = _cli("up", "--replicas", "2", "--router", "round_robin")
