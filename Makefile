@@ -28,8 +28,22 @@ venv: $(VENV)/.installed-$(PROFILE)
 lab: venv  ## create the environment, start the local engine, open JupyterLab
 	$(LAB_ENV) $(VENV)/bin/workshop lab
 
+# The tests without an engine on TEST_WORKERS cores (pytest-xdist, each file on one worker), then the engine tests one
+# at a time; both always run, and the first failure's status is returned (an empty selection, status 5, is no failure
+# unless both are empty). One WORKSHOP_TEST_SUITE merges both runs into build/test-times.md (tests/timetable.py).
+# PYTEST_ARGS go to both runs: make test PYTEST_ARGS="-k kv"
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: venv  ## create the environment if needed, run the whole suite
-	$(PY) -m pytest
+	@export WORKSHOP_TEST_SUITE=suite-$$(date +%Y%m%dT%H%M%S)-$$$$; \
+	echo '$(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'; \
+	$(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); unit=$$?; \
+	echo '$(PY) -m pytest -m engine $(PYTEST_ARGS)'; \
+	$(PY) -m pytest -m engine $(PYTEST_ARGS); engine=$$?; \
+	echo "tests without an engine: exit $$unit; engine tests: exit $$engine (5: none selected)"; \
+	if [ $$unit -eq 5 ] && [ $$engine -eq 5 ]; then exit 5; fi; \
+	if [ $$unit -ne 0 ] && [ $$unit -ne 5 ]; then exit $$unit; fi; \
+	if [ $$engine -ne 0 ] && [ $$engine -ne 5 ]; then exit $$engine; fi
 
 up: venv
 	$(LAB_ENV) $(VENV)/bin/workshop up

@@ -146,3 +146,11 @@ def test_the_cells_of_an_executed_notebook_are_kept_with_their_seconds_and_param
     json.dumps(kept)  # written as JSON
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), path)
     assert timetable.notebook_cells(path, "t") is None  # no timing: nothing to keep
+
+
+def test_under_xdist_the_slowest_files_go_first_and_the_rest_keep_their_order():
+    nodeids = ["tests/test_a.py::x", "tests/test_wheel_install.py::w", "tests/test_b.py::y",
+               "tests/test_client_env.py::c1", "tests/test_client_env.py::c2"]
+    order = [nodeids[i] for i in timetable.slow_files_first(nodeids)]
+    assert order == ["tests/test_client_env.py::c1", "tests/test_client_env.py::c2", "tests/test_wheel_install.py::w",
+                     "tests/test_a.py::x", "tests/test_b.py::y"]
