@@ -112,3 +112,93 @@ def test_a_pair_without_equals_is_refused():
 
 def test_python_literals_parse_as_the_docstring_says():
     assert parse_parameters(["n=3", "profile='cpu'", "label=quick"]) == {"n": 3, "profile": "cpu", "label": "quick"}
+
+
+# ---------------------------------------------------------------- values chosen by profile (issue 26)
+
+def _parameters_source(path) -> str:
+    from helpers.lab.notebooks import parameters_cell_index
+
+    nb = nbformat.read(path, as_version=4)
+    return nb.cells[parameters_cell_index(nb)].source
+
+
+def test_a_by_profile_default_is_read_as_its_cpu_value():
+    nb = _notebook("from helpers.lessons.l04_moe import by_profile\nREPEATS = by_profile(cpu=2, gpu=3)\n"
+                   "SIZES = by_profile([1, 8], [1, 32])\nGPU = workshop_gpu()\n")
+    assert notebook_parameters(nb) == {"REPEATS": 2, "SIZES": [1, 8], "GPU": NOT_A_LITERAL}
+    assert check_parameters(["REPEATS=5"], {"a.ipynb": nb}) == {"a.ipynb": {"REPEATS": 5}}
+    with pytest.raises(ParameterError, match="takes a whole number"):
+        check_parameters(["REPEATS=many"], {"a.ipynb": nb})
+
+
+@pytest.mark.parametrize("path", workshop_notebooks(), ids=lambda p: p.name)
+def test_every_parameters_cell_chooses_by_profile_with_values_of_one_type(path):
+    import ast
+
+    tree = ast.parse(_parameters_source(path))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") in
+             ("by_profile", "lesson_model", "lesson_models", "workshop_gpu")]
+    assert calls, f"{path.name}: the parameters cell holds no value chosen by profile"
+    for call in calls:
+        if call.func.id != "by_profile":
+            continue
+        values = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        assert set(values) == {"cpu", "gpu"}, f"{path.name}: by_profile takes cpu= and gpu= ({ast.unparse(call)})"
+        assert type(values["cpu"]) is type(values["gpu"]) or None in values.values(), ast.unparse(call)
+
+
+@pytest.mark.parametrize("path", workshop_notebooks(), ids=lambda p: p.name)
+def test_no_notebook_types_a_workshop_gpu_or_an_engine_model(path):
+    """The workshop GPU comes from WORKSHOP_GPU (workshop_gpu()), the engine's models from the roles' table: a shipped
+    tiny model is named in a parameters cell only for an exercise on its files."""
+    import re
+
+    from helpers.engine.interface import shipped_models
+
+    source = _parameters_source(path)
+    for line in source.splitlines():
+        code = line.split("#")[0]
+        if re.match(r"\s*(WORKSHOP_GPU|ROOFLINE_GPU)\s*=", code):
+            assert "workshop_gpu()" in code, f"{path.name}: {line.strip()!r} types the workshop GPU"
+        if any(f'"{m}"' in code for m in shipped_models()):
+            assert code.startswith("EXERCISE_"), f"{path.name}: {line.strip()!r} types a shipped model"
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    assert 'switch_model("' not in text, f"{path.name} switches to a model typed in a cell"
+
+
+@pytest.mark.parametrize("profile", ["gpu", "k8s"])
+def test_on_a_gpu_every_parameters_cell_names_only_models_the_room_downloads(profile, monkeypatch, capsys):
+    from helpers.core.models import ROOM_MODELS
+    from helpers.engine.interface import shipped_models
+
+    monkeypatch.setenv("WORKSHOP_PROFILE", profile)
+    monkeypatch.setenv("VLLM_HOST", "http://vllm-engine:8000/v1")
+    monkeypatch.setenv("NAMESPACE", "ws-01")
+    monkeypatch.setenv("WORKSHOP_GPU", "L4")
+    monkeypatch.delenv("WORKSHOP_EXTRA_MODELS", raising=False)
+    for path in workshop_notebooks():
+        values: dict = {}
+        exec(compile(_parameters_source(path), path.name, "exec"), values)  # noqa: S102 - the shipped cell
+        models = [v for name, v in values.items() if name in ("BASELINE", "DRAFT", "MISALIGNED_DRAFT", "TINY_DENSE",
+                                                              "TINY_MOE")]
+        models += values.get("VARIANTS", [])
+        assert all(m is None or m in ROOM_MODELS for m in models), (path.name, models)
+        assert not {m for m in models if m} & set(shipped_models())
+        assert values.get("RUN_GO_DEEPER", False) is False
+        for name in ("WORKSHOP_GPU", "ROOFLINE_GPU"):
+            assert values.get(name, "L4") == "L4", (path.name, name)
+    assert "WORKSHOP_GPU is unset" not in capsys.readouterr().out
+
+
+def test_on_the_cpu_every_parameters_cell_names_shipped_models_and_runs_the_go_deeper_steps(monkeypatch):
+    from helpers.engine.interface import shipped_models
+
+    for name in ("WORKSHOP_PROFILE", "VLLM_HOST", "NAMESPACE", "WORKSHOP_GPU"):
+        monkeypatch.delenv(name, raising=False)
+    for path in workshop_notebooks():
+        values: dict = {}
+        exec(compile(_parameters_source(path), path.name, "exec"), values)  # noqa: S102 - the shipped cell
+        models = [values[n] for n in ("BASELINE", "DRAFT", "MISALIGNED_DRAFT", "TINY_DENSE", "TINY_MOE") if n in values]
+        assert set(models + values.get("VARIANTS", [])) <= set(shipped_models()), path.name
+        assert values.get("RUN_GO_DEEPER", True) is True

@@ -19,6 +19,7 @@ from __future__ import annotations
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
 from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
 from helpers.core.progress import steps
@@ -43,6 +44,7 @@ __all__ = [
     "Conclusion", "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "steps",
     "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat", "time_lengths", "api_cost_usd",
     "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS", "api_price",
+    "by_profile",
 ]
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import pandas as pd
 from matplotlib.figure import Figure
 
+from helpers.core.models import by_profile, workshop_gpu
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion, show_conclusions
 from helpers.core.tables import format_tables
@@ -42,6 +43,7 @@ __all__ = [
     # from the floors below, for the notebook
     "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "format_tables", "plots",
     "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params", "load_config",
+    "by_profile", "workshop_gpu",
 ]
 
 # The hand count leaves out norms and biases: under 0.1% of a dense model's parameters (Qwen3-4B: 0.01%).

@@ -39,7 +39,7 @@ __all__ = [  # this module's own, then what notebook 04 uses from the floors bel
     "plot_tiny_decode", "tiny_roofline_points", "PUBLISHED_MOE", "moe_roofline_table", "moe_beside_gpu",
     "Conclusion", "REFERENCE_CONFIGS", "check_prediction", "check_quiet", "conclude_reasoning_cost", "count_params",
     "get_gpu", "ratio_outcome", "reasoning_cost", "report", "roofline", "should_see", "should_see_conclusion",
-    "show_conclusions", "weight_bytes", "models_dir", "model_config", "by_profile", "lesson_model", "workshop_gpu",
+    "show_conclusions", "weight_bytes", "models_dir", "model_config", "engine_bandwidth_gb_s", "by_profile", "lesson_model", "workshop_gpu",
 ]
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
@@ -57,6 +57,16 @@ PUBLISHED_MOE = {
     "source": "DeepSeek-AI, 'DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model', "
               "arXiv 2405.04434 (May 2024), section 3.2.3 'Inference Efficiency'",
 }
+
+
+def engine_bandwidth_gb_s(lab: Lab, measured_here_gb_s: float, gpu: Any) -> float:
+    """The memory bandwidth the engine's decode reads at, in GB/s: this machine's, measured, when the engine runs on
+    its CPU (the cpu profile); the workshop GPU's datasheet figure when it runs on a GPU (gpu, k8s)."""
+    if lab.settings.profile == "cpu":
+        return measured_here_gb_s
+    print(f"the engine runs on {gpu.name}: its roofline uses the datasheet's {gpu.bandwidth_gb_s:,.0f} GB/s, not this "
+          "machine's")
+    return gpu.bandwidth_gb_s
 
 
 def model_config(name: str) -> Path:

@@ -288,9 +288,10 @@ class QuantizationStudy:
         self.comparisons[name] = compare(self.baseline_run, run)
         print(f"{name}: regressed categories: {self.comparisons[name].regressed or 'none'}")
 
-    def measure_checkpoints(self, models: Sequence[str]) -> None:
+    def measure_checkpoints(self, models: Sequence[str], restore: bool = True) -> None:
         """Each quantized checkpoint this engine can serve: switch, same eval and load test; the engine goes
-        back to the baseline afterwards, whatever happens."""
+        back to the baseline afterwards, whatever happens (``restore=False``: only on a failure, when the next step,
+        ``measure_flags``, restarts on the baseline's configuration anyway, which saves a restart)."""
         from helpers.engine.interface import EngineStartError
         from helpers.core.settings import models_dir
 
@@ -306,8 +307,12 @@ class QuantizationStudy:
                     continue
                 if not self.too_slow(name):
                     self._judge(name, self.measure(name, model)[1])
+        except BaseException:
+            restore = True
+            raise
         finally:
-            self.lab.engine.apply(self.baseline_config)
+            if restore and self.lab.engine.config() != self.baseline_config:
+                self.lab.engine.apply(self.baseline_config)
 
     def measure_flags(self, flags: Sequence[tuple[str, str | None, str]]) -> None:
         """Each (flag, value, name) on the baseline model, one after the other (one restart each: the next

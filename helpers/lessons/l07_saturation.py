@@ -29,6 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
+from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict, report
 from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion
 from helpers.engine.interface import Engine, EngineError
@@ -57,6 +58,7 @@ __all__ = [
     "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions", "slo_rule",
     "steadiness_conclusion", "waiting_if_cap", "TALK_PRICES", "price_gap", "price_gap_conclusions",
     "PUBLISHED_BATCHING", "batching_beside_gpu", "batching_conclusion",
+    "by_profile",
 ]
 
 

@@ -26,6 +26,7 @@ import yaml
 
 from helpers.core.comparison import (BETTER, SAME, SINGLE_RUN_NOISE_REL, UNKNOWN, WORSE, compare_samples,
                                      relative_spread)
+from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
 from helpers.core.vllm_args import CPU_ONLY_FLAGS, EngineConfig, server_args
@@ -45,6 +46,7 @@ __all__ = [
     "command_line", "decide", "deployment_caveat", "gpu_configuration", "gpu_line_check", "hypothetical_row", "kv_capacity_check",
     "manifest_patch", "measure_repeated", "relative_rule", "rule_outcome", "run_structured_ab", "scorecard_view",
     "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
+    "by_profile",
 ]
 
 

@@ -6,6 +6,7 @@ PagedAttention shown on the live engine, one module each. The notebook imports f
 ``attention`` and ``batching`` as modules.
 """
 
+from helpers.core.models import by_profile
 from helpers.core.conclusion import report
 from helpers.core.lesson import check_prediction, should_see, should_see_conclusion, show_conclusions
 from helpers.core.settings import models_dir
@@ -42,4 +43,5 @@ __all__ = [
     "block_size_note", "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions",
     "models_dir", "flag_value", "GPUS", "get_gpu", "check_quiet", "plots", "requests_frame", "run_load", "scrape",
     "window", "Load", "Workload", "kv_reuse", "REFERENCE_CONFIGS",
+    "by_profile",
 ]
