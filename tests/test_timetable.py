@@ -10,8 +10,10 @@ import pytest
 
 import timetable
 from fake_engine_server import use_fake_engine
+from fakes import held_port
 from helpers.core.settings import load_settings
 from helpers.core.vllm_args import EngineConfig
+from helpers.engine.interface import EngineError
 from helpers.engine.local import START_RECORD_VARIABLE, LocalEngine, recorded_start, start_record_path
 
 
@@ -98,10 +100,13 @@ def test_a_start_is_recorded_ready_or_not(tmp_path, monkeypatch):
     monkeypatch.setenv(START_RECORD_VARIABLE, str(record))
     assert start_record_path() == record
     config = EngineConfig("models/tiny-agent", "tiny-agent", ("--max-num-seqs", "4"))
-    with recorded_start(8765, config):
-        pass
-    with pytest.raises(RuntimeError), recorded_start(8766, config):
+    with recorded_start(8765, config) as launched:
+        launched()
+    with pytest.raises(RuntimeError), recorded_start(8766, config) as launched:
+        launched()
         raise RuntimeError("vLLM exited")
+    with pytest.raises(RuntimeError), recorded_start(8767, config):
+        raise RuntimeError("port 8767 is already in use")  # refused before a server was launched: no start
     with record.open("a") as fh:
         fh.write('{"began": 1, "cut off')  # a line cut off mid-write is skipped
     first, second = timetable.read_starts(record)
@@ -123,6 +128,10 @@ def test_a_local_engine_start_appends_one_record(tmp_path, monkeypatch):
         engine.start(timeout_s=60)  # already serving this configuration: no second start
     finally:
         engine.stop()
+    with held_port() as busy:  # refused before launching: no record
+        monkeypatch.setenv("WORKSHOP_PORT", str(busy))
+        with pytest.raises(EngineError, match="already in use"):
+            LocalEngine(load_settings()).start(timeout_s=60)
     (line,) = timetable.read_starts(record)
     assert line["ready"] is True and line["server"] == "fake_engine_server" and line["model"] == "tiny-agent"
     assert line["ended"] >= line["began"]

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -100,24 +100,29 @@ def start_record_path() -> Path:
 
 
 @contextmanager
-def recorded_start(port: int, config: EngineConfig) -> Iterator[None]:
-    """Time one start (spawn to ready) and append it to ``start_record_path()``, ready or not."""
-    began, ready = time.time(), False
+def recorded_start(port: int, config: EngineConfig) -> Iterator[Callable[[], None]]:
+    """Time one start (spawn to ready) and append it to ``start_record_path()``, ready or not, once the function it
+    gives was called when the server was launched (a start refused before, on a busy port, is no start)."""
+    began, launched, ready = time.time(), [], False
     try:
-        yield
+        yield lambda: launched.append(True)
         ready = True
     finally:
-        ended = time.time()
-        line = {"began": began, "ended": ended, "seconds": round(ended - began, 3), "ready": ready, "port": port,
-                "model": config.served_name, "args": list(config.args), "server": SERVER_MODULE,
-                "starter_pid": os.getpid()}
-        try:
-            path = start_record_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a") as fh:  # one short write per line: appends from several processes stay whole
-                fh.write(json.dumps(line) + "\n")
-        except OSError:
-            pass  # a record that cannot be written costs the table a line, never the start
+        if launched:
+            _append_start({"began": began, "ended": time.time(), "ready": ready, "port": port,
+                           "model": config.served_name, "args": list(config.args), "server": SERVER_MODULE,
+                           "starter_pid": os.getpid()})
+
+
+def _append_start(line: dict[str, Any]) -> None:
+    line["seconds"] = round(line["ended"] - line["began"], 3)
+    try:
+        path = start_record_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:  # one short write per line: appends from several processes stay whole
+            fh.write(json.dumps(line) + "\n")
+    except OSError:
+        pass  # a record that cannot be written costs the table a line, never the start
 
 
 # ---------------------------------------------------------------- state on disk
@@ -307,8 +312,9 @@ class LocalEngine(Engine):
                 self.wait_ready(timeout_s)
                 return
             self.stop()
-            with recorded_start(self.settings.port, wanted):
+            with recorded_start(self.settings.port, wanted) as launched:
                 self._spawn(wanted)
+                launched()
                 self.wait_ready(timeout_s)
             state = self._load()
             state.last_good = wanted.to_json()
@@ -379,14 +385,16 @@ class LocalEngine(Engine):
             previous = self._load().last_good
             self.stop()
             try:
-                with recorded_start(self.settings.port, config):
+                with recorded_start(self.settings.port, config) as launched:
                     self._spawn(config)
+                    launched()
                     self.wait_ready(timeout_s)
             except EngineStartError as err:
                 self.stop()
                 if previous and previous != config.to_json():
-                    with recorded_start(self.settings.port, EngineConfig.from_json(previous)):
+                    with recorded_start(self.settings.port, EngineConfig.from_json(previous)) as launched:
                         self._spawn(EngineConfig.from_json(previous))
+                        launched()
                         self.wait_ready(timeout_s)
                     raise EngineStartError(f"The new configuration failed ({err.message}); the engine is back on the "
                                            f"last good one ({' '.join(previous['args'])}).", err.log_excerpt) from None
