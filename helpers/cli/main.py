@@ -278,6 +278,7 @@ def cmd_machine(args: argparse.Namespace) -> int:
 
 
 SIBLING_STEPS = {"moe": 250, "draft": 1200, "draft-untrained": 0}
+QWEN3_STEPS = 700  # tiny-qwen3 (models/tiny-qwen3/training_record_stage1.json holds the steps it stopped at)
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
@@ -288,11 +289,15 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     out = Path(args.out or ("models/tiny-agent" if args.kind == "agent" else f"models/tiny-{args.kind}"))
     if out.exists() and not out.is_dir():
         return cli_args.error(f"--out {out} is a file: give a directory for the model")
-    if args.kind != "agent" and not (Path(args.agent) / "tokenizer.json").is_file():
+    if args.kind in SIBLING_STEPS and not (Path(args.agent) / "tokenizer.json").is_file():
         return cli_args.error(f"--agent {args.agent} holds no tokenizer.json: the {args.kind} model takes the tiny agent's "
                             "tokenizer; build the agent first (workshop build-model) or point --agent at it")
     if args.kind == "agent":
         records = build(out, args.stage1_steps, args.stage2_steps, args.batch_size)
+    elif args.kind == "qwen3":  # standalone: its own tokenizer, Qwen3-4B's template (helpers/tiny/qwen3.py)
+        from helpers.tiny import qwen3
+
+        records = [qwen3.train(out, QWEN3_STEPS if args.steps is None else args.steps, batch_size=32)]
     else:
         steps = SIBLING_STEPS[args.kind] if args.steps is None else args.steps
         records = [build_sibling(args.kind, out, steps, Path(args.agent), batch_size=args.batch_size)]
@@ -303,6 +308,8 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 def cmd_heldout(args: argparse.Namespace) -> int:
     """Measure the served model's tool calls on held-out phrasings."""
+    import pandas as pd
+
     from helpers.evals.toolcall import evaluate
 
     for flag, path in (("--json", args.json), ("--csv", args.csv)):
@@ -310,7 +317,13 @@ def cmd_heldout(args: argparse.Namespace) -> int:
         if problem:
             return cli_args.error(problem)
     lab = connect()
-    rows, summary = evaluate(lab, n_per_kind=args.n)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.thinking]
+    results = [evaluate(lab, n_per_kind=args.n, thinking=mode) for mode in modes]
+    if len(results) == 1:
+        rows, summary = results[0]
+    else:  # one summary per mode; the rows of both, told apart by their "thinking" column
+        summary = {f"thinking_{'on' if mode else 'off'}": s for mode, (_, s) in zip(modes, results)}
+        rows = pd.concat([r.assign(thinking=mode) for mode, (r, _) in zip(modes, results)], ignore_index=True)
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
@@ -356,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one cell may run (a tuning or sweep cell takes 10+ min on a slow 2-core CPU)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build-model", help=_summary(cmd_build_model))
-    p.add_argument("--kind", choices=["agent", *SIBLING_STEPS], default="agent")
+    p.add_argument("--kind", choices=["agent", *SIBLING_STEPS, "qwen3"], default="agent")
     p.add_argument("--out", default=None, help="default: models/tiny-KIND (models/tiny-agent for the agent)")
     p.add_argument("--stage1-steps", type=number(int, 0), default=2000, help="agent only")
     p.add_argument("--stage2-steps", type=number(int, 0), default=500, help="agent only")
@@ -368,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=number(int, 1), default=20, help="cases per kind")
     p.add_argument("--csv", default=None, help="write per-case rows here")
     p.add_argument("--json", default=None, help="write the summary here")
+    p.add_argument("--thinking", choices=["off", "on", "both"], default="off",
+                   help="a thinking model (tiny-qwen3, Qwen3) asked with thinking off, on, or each in turn")
     p.set_defaults(func=cmd_heldout)
     p = sub.add_parser("machine", help=_summary(cmd_machine))
     p.add_argument("--json", action="store_true")

@@ -30,6 +30,7 @@ PROFILES = ("cpu", "gpu", "k8s")
 CONTRACT_VARIABLES = ("VLLM_HOST", "MODEL_NAME", "VLLM_API_KEY", "NAMESPACE", "WORKSHOP_PROFILE")
 DEFAULT_PORT = 8000
 TINY_AGENT = "tiny-agent"
+TINY_QWEN3 = "tiny-qwen3"  # the thinking stand-in for Qwen3-4B (models/tiny-qwen3): served with --reasoning-parser qwen3
 GPU_MODEL = "Qwen/Qwen3-4B"
 # The GPU the notebooks compute on paper for when WORKSHOP_GPU is unset (off the cluster): the public workshop's.
 DEFAULT_WORKSHOP_GPU = "RTX 4000 Ada"

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from helpers.core.models import ROOM_MODELS
-from helpers.core.settings import Settings, models_dir
+from helpers.core.settings import TINY_QWEN3, Settings, models_dir
 from helpers.core.vllm_args import CPU_ENGINE_ENV, CPU_KV_CACHE_BYTES, EngineConfig, with_flag
 from helpers.core.errors import WorkshopError
 
@@ -268,7 +268,9 @@ def default_config(settings: Settings) -> EngineConfig:
             served_name=model,
             # eager mode: starts ~10 s sooner than torch.compile on 2 cores (see README, "CPU engine")
             args=("--max-model-len", "4096", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
-                  "--enforce-eager", *tool_flags),
+                  "--enforce-eager", *tool_flags,
+                  # tiny-qwen3 thinks, under Qwen3-4B's own template: served as the gpu profile serves Qwen3
+                  *(("--reasoning-parser", "qwen3") if model == TINY_QWEN3 else ())),
             env=CPU_ENGINE_ENV,
         )
     return EngineConfig(

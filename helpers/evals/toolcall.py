@@ -40,13 +40,15 @@ def arguments_match(name: str, got: Any, expected: dict[str, Any]) -> bool:
     return got == expected
 
 
-def run_case(lab: Lab, example: corpus.Example) -> dict[str, Any]:
-    """One held-out case through the agent loop, scored."""
+def run_case(lab: Lab, example: corpus.Example, thinking: bool = False) -> dict[str, Any]:
+    """One held-out case through the agent loop (thinking on or off), scored."""
     question = example.messages[0]["content"]
-    run = run_agent(lab, question, max_steps=2)
+    run = run_agent(lab, question, max_steps=2, thinking=thinking)
     first = run.steps[0].tool_calls[0] if run.steps and run.steps[0].tool_calls else None
     row: dict[str, Any] = {"kind": example.kind, "question": question, "answer": run.answer,
-                           "call": json.dumps({"name": first["name"], "arguments": first["arguments"]}) if first else None}
+                           "call": json.dumps({"name": first["name"], "arguments": first["arguments"]}) if first else None,
+                           "ended_in_reasoning": run.ended_in_reasoning,
+                           "reasoning_tokens": sum(s.reasoning_tokens or 0 for s in run.steps)}
     if example.expected_call is None:  # no tool fits: a plain answer is right
         row.update(structured_call=first is not None, right_function=first is None, right_arguments=first is None,
                    answer_uses_result=None)
@@ -90,15 +92,19 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     out["plain_answer_when_no_tool_fits"] = round(float(chat_rows["right_function"].mean()), 3) if len(chat_rows) else None
     per_kind = rows.groupby("kind")[["right_function", "right_arguments"]].mean().round(3)
     out["per_kind"] = per_kind.to_dict(orient="index")
+    if "ended_in_reasoning" in rows:
+        out["ended_in_reasoning"] = round(float(rows["ended_in_reasoning"].mean()), 3)
+        out["mean_reasoning_tokens"] = round(float(rows["reasoning_tokens"].mean()), 1)
     return out
 
 
-def evaluate(lab: Lab, n_per_kind: int = 20, novel: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Run the held-out set (and the unseen-city set); returns per-case rows and a summary."""
-    rows = pd.DataFrame([run_case(lab, ex) for ex in corpus.heldout_cases(n_per_kind)])
-    summary = summarize(rows)
+def evaluate(lab: Lab, n_per_kind: int = 20, novel: bool = True,
+             thinking: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Run the held-out set (and the unseen-city set), thinking on or off; returns per-case rows and a summary."""
+    rows = pd.DataFrame([run_case(lab, ex, thinking) for ex in corpus.heldout_cases(n_per_kind)])
+    summary = {"thinking": thinking, **summarize(rows)}
     if novel:
-        novel_rows = pd.DataFrame([run_case(lab, ex) for ex in corpus.novel_name_cases()])
+        novel_rows = pd.DataFrame([run_case(lab, ex, thinking) for ex in corpus.novel_name_cases()])
         novel_rows["kind"] = "novel_city"
         summary["novel_city_right_function"] = round(float(novel_rows["right_function"].mean()), 3)
         summary["novel_city_right_arguments"] = round(float(novel_rows["right_arguments"].mean()), 3)

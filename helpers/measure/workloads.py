@@ -71,7 +71,11 @@ class Workload:
     (the first ``shared_prefix_len`` tokens after the chat header are the same for all requests, then a
     unique part). ``turns`` > 1: agent-like conversations; each later turn re-sends the whole
     conversation plus the last reply plus ``turn_len`` new tokens, so the prompt grows each turn.
-    ``extra_body``: more request fields (e.g. ``{"chat_template_kwargs": {"enable_thinking": False}}``).
+    ``extra_body``: more request fields (e.g. ``{"tools": [...]}``).
+    ``thinking``: whether a thinking model (Qwen3) may think. Off by default: the workload then sends
+    ``chat_template_kwargs: {"enable_thinking": false}`` (put in ``extra_body`` unless it names its own), so
+    every measured output token is an answer token; templates without the variable ignore it. With ``True``
+    nothing is sent and the model thinks first: its reasoning streams as ``delta.reasoning`` and counts as output.
     ``prompts``: real conversations to send instead of generated text (conversation i starts with
     ``prompts[i % len(prompts)]``; ``input_len`` is then unused); with ``exact_output=False`` the model
     answers as it would (EOS ends it, ``output_len`` caps it): e.g. an agent's questions with the
@@ -91,6 +95,12 @@ class Workload:
     prompts: list[list[dict[str, Any]]] | None = None
     min_tokens: bool = True
     usage_per_chunk: bool = True
+    thinking: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.thinking and "chat_template_kwargs" not in self.extra_body:
+            object.__setattr__(self, "extra_body", {"chat_template_kwargs": {"enable_thinking": False},
+                                                    **self.extra_body})
 
     def validate(self) -> None:
         """Raise ValueError with what to change when the workload is inconsistent."""
