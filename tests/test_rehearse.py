@@ -294,3 +294,23 @@ def test_workshop_rehearse_reads_the_namespaces_provision_wrote(fake_cluster_on_
     printed = capsys.readouterr().out
     assert "rehearsing 4 namespaces (ws-01 ... ws-04)" in printed
     assert printed.rstrip().endswith("2/4 participants ready; to fix: ws-02, ws-04")
+
+
+def test_the_rehearsal_prints_one_restart_table_from_what_workshop_run_printed_in_each_pod(tmp_path):
+    from helpers.core.restarts import RestartRow
+
+    cluster = workshop()
+    for ns, (core, total) in (("ws-01", (0, 1)), ("ws-03", (2, 2))):
+        run = cluster["participants"][ns]["notebook_run"]
+        run["stdout"] += RestartRow("01_connect_and_first_agent", core, total, 50.0 + core).encode() + "\n"
+    fake = FakeCluster(cluster)
+    rows = rehearse.rehearse(rehearse.participants("ws", fake), lambda _: None, fake)
+    lines = rehearse.table_lines(rows)
+    table = lines[lines.index("Engine restarts (rollouts), the most any namespace made:") + 1:]
+    assert table[0].split()[:3] == ["notebook", "core", "all"]
+    assert table[1].split()[:4] == ["01_connect_and_first_agent", "2", "2", "51"]  # the most, the mean time
+    assert len(table) == 3 and "GPU start-up per restart" in table[2]
+    log = rehearse.RehearsalLog(tmp_path / "r.csv")
+    for row in rows:
+        log.write(row)
+    assert rehearse.table_lines(rehearse.read_log(log.path)) == lines  # the CSV keeps the restart lines

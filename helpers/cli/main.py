@@ -224,8 +224,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     Every -p NAME=VALUE is checked against the notebooks' parameters cells before the engine starts;
     it goes to the notebooks that have NAME and is refused only when none of them has it.
     """
+    from helpers.core.restarts import table_lines as restart_table
     from helpers.lab.notebooks import (NotebookRunError, ParameterError, check_parameters, read_notebook,
                                        run_notebook, workshop_notebooks)
+    from helpers.lab.restarts import restart_row
 
     paths = [Path(p) for p in args.notebooks] or workshop_notebooks()
     missing = [str(p) for p in paths if not p.is_file()]
@@ -245,7 +247,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"-p {name} goes to {', '.join(having)} (the other notebooks have no such parameter)")
     settings = load_settings()
     connect(settings)  # start or find the engine once, before any kernel starts
+    rows = []
     for path in paths:
+        restart_log = restart_log_for(out, path, settings.profile)
         try:
             run = run_notebook(path, out, parameters[path.name], timeout_s=args.cell_timeout,
                                progress=True)  # a bar of the cells, with the section being run
@@ -253,7 +257,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"FAILED {err}", file=sys.stderr)
             return 1
         print(f"ok  {path.name}  {run.seconds:.1f} s  -> {run.output}")
+        if restart_log:
+            rows.append(restart_row(run.output, restart_log))
+            print(rows[-1].encode())  # for the rehearsal, which reads it back from the pod
+    if rows:  # the k8s profile: every flag or model change was a rollout of the engine
+        print("\n".join(["", "Engine restarts (rollouts):", *restart_table(rows)]))
     return 0
+
+
+def restart_log_for(out: Path, path: Path, profile: str) -> Path | None:
+    """On the k8s profile, a fresh restart log for this notebook's kernel ($WORKSHOP_RESTART_LOG); else None."""
+    from helpers.core.restarts import RESTART_LOG_ENV
+
+    if profile != "k8s":
+        return None
+    log = out / f"{path.stem}.restarts.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    os.environ[RESTART_LOG_ENV] = str(log)  # the kernel started next inherits it
+    return log
 
 
 def cmd_machine(args: argparse.Namespace) -> int:

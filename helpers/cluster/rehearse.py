@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from helpers.cluster.kubectl import ProvisionError, Runner, run_kubectl
+from helpers.core.restarts import ROW_PREFIX, decode_rows, merge
+from helpers.core.restarts import table_lines as restart_table
 from helpers.cluster.namespaces import ParticipantStatus, status
 
 NOTEBOOK_TARGET = "deploy/notebook"  # k8s/base/notebook.yaml: Deployment and container "notebook"
@@ -63,6 +65,7 @@ class RehearsalRow:
     first_token_s: float | None
     notebook: str  # "ok (12.3 s)", "failed: ...", "not run: ..."
     fix: str  # "" when nothing is to fix
+    restarts: str = ""  # the `restarts {...}` lines `workshop run` printed in the pod (helpers.core.restarts)
 
     @property
     def ok(self) -> bool:
@@ -122,14 +125,16 @@ _RAN = re.compile(r"^ok\s+\S+\s+([0-9.]+) s")
 
 
 def run_notebook_01(namespace: str, runner: Runner | None = None,
-                    parameters: Iterable[str] = ()) -> tuple[bool, str]:
-    """Notebook 01 headless in the notebook pod (``workshop run``): (ran through, "ok (N s)" or why it failed)."""
+                    parameters: Iterable[str] = ()) -> tuple[bool, str, str]:
+    """Notebook 01 headless in the notebook pod (``workshop run``): (ran through, "ok (N s)" or why it failed, the
+    restart lines it printed on the k8s profile)."""
     params = [arg for pair in parameters for arg in ("-p", pair)]
     code, out, err = _exec(namespace, ["workshop", "run", NOTEBOOK_01, "--out", REHEARSAL_OUT, *params], runner)
+    restarts = "\n".join(line for line in out.splitlines() if line.startswith(ROW_PREFIX))
     if code == 0:
         seconds = next((m.group(1) for m in map(_RAN.match, out.splitlines()) if m), None)
-        return True, f"ok ({seconds} s)" if seconds else "ok"
-    return False, f"failed: {_last_line(err) or _last_line(out) or f'exit code {code}'}"
+        return True, f"ok ({seconds} s)" if seconds else "ok", restarts
+    return False, f"failed: {_last_line(err) or _last_line(out) or f'exit code {code}'}", restarts
 
 
 def rehearse_one(participant: ParticipantStatus, runner: Runner | None = None,
@@ -158,12 +163,12 @@ def rehearse_one(participant: ParticipantStatus, runner: Runner | None = None,
     rerun = (f"kubectl exec -n {ns} {NOTEBOOK_TARGET} -c {NOTEBOOK_CONTAINER} -- workshop run {NOTEBOOK_01} "
              f"--out {REHEARSAL_OUT}")
     try:
-        ran, notebook = run_notebook_01(ns, runner, parameters)
+        ran, notebook, restarts = run_notebook_01(ns, runner, parameters)
     except ProvisionError as err:  # e.g. kubectl's time limit: the notebook may still be running there
         return RehearsalRow(ns, "yes", first_token_s, f"not finished: {err}",
                             f"run notebook 01 in the pod to see how far it gets: {rerun}")
     fix = "" if ran else f"notebook 01 failed in the pod: rerun it there to see the cell: {rerun}"
-    return RehearsalRow(ns, "yes", first_token_s, notebook, fix)
+    return RehearsalRow(ns, "yes", first_token_s, notebook, fix, restarts)
 
 
 def participants(prefix: str | None, runner: Runner | None = None, only: Sequence[str] = (),
@@ -232,7 +237,8 @@ def read_log(path: Path | str) -> list[RehearsalRow]:
     """The rows of a rehearsal CSV."""
     with Path(path).open(newline="") as f:
         return [RehearsalRow(r["namespace"], r["engine_ready"],
-                             float(r["first_token_s"]) if r["first_token_s"] else None, r["notebook"], r["fix"])
+                             float(r["first_token_s"]) if r["first_token_s"] else None, r["notebook"], r["fix"],
+                             r.get("restarts") or "")
                 for r in csv.DictReader(f)]
 
 
@@ -242,8 +248,12 @@ def table_lines(rows: Sequence[RehearsalRow]) -> list[str]:
     body = [(r.namespace, r.engine_ready, "-" if r.first_token_s is None else f"{r.first_token_s * 1000:.0f} ms",
              r.notebook, r.fix or "-") for r in sorted(rows, key=lambda r: r.namespace)]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header) - 1)]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1]
-            for line in [header, *body]]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1]
+             for line in [header, *body]]
+    restarts = merge(row for r in rows for row in decode_rows(r.restarts))
+    if restarts:  # the notebooks' engine restarts, the most any namespace made
+        lines += ["", "Engine restarts (rollouts), the most any namespace made:", *restart_table(restarts)]
+    return lines
 
 
 def summary(rows: Sequence[RehearsalRow], expected: int | None = None) -> str:

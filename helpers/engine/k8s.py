@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from helpers.engine.interface import GPU_START_TIMEOUT_S, Engine, EngineError, EngineStartError, NotServing, log_excerpt
 from helpers.cluster.kubectl import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
+from helpers.core.restarts import RESTART_LOG_ENV, Restart, record
 from helpers.core.settings import Settings
 from helpers.core.vllm_args import EngineConfig, describe_change, parse_args, server_args
 
@@ -115,6 +117,23 @@ def format_events(listing: Mapping[str, Any], limit: int = MAX_EVENTS) -> str:
     return "\n".join(lines)
 
 
+# What the engine pod's log says when vLLM, offline, finds no copy of a hub model (huggingface_hub's errors)
+NOT_DOWNLOADED = re.compile(r"(LocalEntryNotFoundError|offline mode|HF_HUB_OFFLINE|does not appear to have|"
+                            r"couldn't connect to|Cannot find an appropriate cached snapshot|not a local folder)", re.I)
+
+
+def failure_advice(reason: str, excerpt: str, config: EngineConfig, before: EngineConfig, timeout_s: float) -> str:
+    """One sentence that says what to do after a failed change (the engine is back on its last good configuration)."""
+    if config.model != before.model and (NOT_DOWNLOADED.search(excerpt) or "serves" in reason):
+        return (f"{config.model} is not in the room's download (the engine runs offline, from the models your instructor "
+                "downloaded: PREDOWNLOAD_MODELS in k8s/base/kustomization.yaml): use one of those, or ask your "
+                "instructor to add it.")
+    if "not ready within" in reason:
+        return (f"If it was still starting, give it longer than {timeout_s:.0f} s (timeout_s=...; a first start on a GPU "
+                "compiles for minutes); otherwise engine.logs() shows where it stopped.")
+    return "The log lines below say what vLLM refused: change or remove that flag and run the cell again."
+
+
 class _RolloutFailed(Exception):
     """The new pods did not become ready; ``pod`` is the newest new pod, ``container`` the one that failed."""
 
@@ -143,6 +162,7 @@ class KubernetesEngine(Engine):
         self._runner = runner  # None: helpers.cluster.kubectl.run_kubectl, the real kubectl
         self._current: EngineConfig | None = None
         self._last_good: EngineConfig | None = None
+        self.restarts: list[Restart] = []  # every rollout this engine made: the change, its seconds, its outcome
 
     # kubectl, always in the participant's namespace
     def _run(self, *args: str) -> CommandResult:
@@ -226,15 +246,17 @@ class KubernetesEngine(Engine):
         good = self.last_good(deployment) or before
         change = describe_change(before, config)
         try:
-            self._roll_out(deployment, config, timeout_s)
+            self._timed_roll_out(deployment, config, timeout_s, change, "failed")
         except _RolloutFailed as failure:
             excerpt = self._failure_excerpt(failure)
+            advice = failure_advice(failure.reason, excerpt, config, before, timeout_s)
             if good == config:
                 raise EngineStartError(f"The engine did not become ready on this configuration ({failure.reason}), and "
                                        "there is no other known-good one to go back to. Ask your instructor to run "
                                        f"`workshop reset {self.namespace}`.", excerpt) from None
-            try:
-                self._roll_out(self._get(), good, timeout_s)
+            try:  # the way back gets a whole start's time, whatever the change was given
+                self._timed_roll_out(self._get(), good, max(timeout_s, GPU_START_TIMEOUT_S),
+                                     f"back to the last good configuration after: {change}", "rollback failed")
             except _RolloutFailed as again:
                 raise EngineStartError(
                     f"Restarting with {change} failed ({failure.reason}), and rolling back to the last good configuration "
@@ -243,8 +265,23 @@ class KubernetesEngine(Engine):
             self._remember(good)
             raise EngineStartError(
                 f"Restarting with {change} failed: {failure.reason}. Rolled back to the last good configuration, which is "
-                f"ready again ({good.served_name}: {' '.join(good.args)}).", excerpt) from None
+                f"ready again ({good.served_name}: {' '.join(good.args)}). {advice}", excerpt) from None
         self._remember(config)
+
+    def _timed_roll_out(self, deployment: Mapping[str, Any], config: EngineConfig, timeout_s: float, change: str,
+                        failed: str) -> None:
+        """``_roll_out``, counted as one restart (``restarts`` and ``$WORKSHOP_RESTART_LOG``) with its time."""
+        started, clock = time.time(), time.monotonic()
+        outcome = failed
+        try:
+            self._roll_out(deployment, config, timeout_s)
+            outcome = "ready"
+        finally:
+            restart = Restart(started, change, round(time.monotonic() - clock, 1), outcome)
+            self.restarts.append(restart)
+            log = os.environ.get(RESTART_LOG_ENV)
+            if log:
+                record(log, restart)
 
     def logs(self, lines: int = 50) -> str:
         pod = newest_pod(self._pods(self._selector(self._get())))
