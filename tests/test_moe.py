@@ -146,3 +146,8 @@ def test_gpu_figures_beside_the_cpu_ones():
     missing = moe_beside_gpu(runs([300], [], batch=16), "tiny-agent", "tiny-moe", table, "Qwen3-4B",
                              "Qwen3-30B-A3B", "H100 SXM")
     assert "no CPU number" in missing[0]
+
+
+def test_without_a_moe_the_comparison_says_not_run():
+    [c] = conclude_dense_vs_moe(runs([300, 310], []), "Qwen/Qwen3-4B", None)
+    assert c.text.startswith("not run: no MoE is served on this profile") and c.verdict == ""

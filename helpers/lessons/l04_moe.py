@@ -152,7 +152,7 @@ def decode_table(runs: pd.DataFrame) -> pd.DataFrame:
     return numeric.mean().assign(runs=numeric.size()).reset_index()
 
 
-def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str, quiet: bool | None = None,
+def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str | None, quiet: bool | None = None,
                           implausible_ratio: float = IMPLAUSIBLE_RATIO, noisy_rel: float = NOISY_REL) -> list[Conclusion]:
     """Per batch, the tiny MoE's decode rate (engine step time) against the dense model's.
 
@@ -161,6 +161,9 @@ def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str, quiet: bool 
     implausible, with the spread and the quiet-machine check as the reason to distrust it; runs of one
     model that differ by more than ``noisy_rel`` among themselves are too noisy to compare at all."""
     expectation = "the tiny MoE decodes no faster than the dense model"
+    if moe is None:  # the room did not download one: section 4 said why
+        return [Conclusion("not run: no MoE is served on this profile (section 4 said why), so the dense model's "
+                           "decode rate is shown alone")]
     out = []
     for b in sorted(runs["batch"].unique()):
         a = runs[(runs.model == dense) & (runs.batch == b)]["decode_tok_s"].tolist()
@@ -328,8 +331,8 @@ def moe_roofline_table(dense: str, moe: str, gpu: Any, batches: list[int]) -> pd
     return pd.DataFrame(rows)
 
 
-def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str, table: pd.DataFrame, dense: str, moe: str,
-                   gpu_name: str) -> list[str]:
+def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str | None, table: pd.DataFrame, dense: str,
+                   moe: str, gpu_name: str) -> list[str]:
     """MoE against dense at batch three ways: this run's CPU number (the tiny models at the largest batch measured),
     the roofline on ``gpu_name`` (``moe_roofline_table``), and one published GPU measurement (``PUBLISHED_MOE``)."""
     lines = []
@@ -340,6 +343,9 @@ def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str, table: pd
         a, b = rates[tiny_dense].item(), rates[tiny_moe].item()
         lines.append(f"- This run (measured here, CPU): at batch {top} {tiny_moe} decodes {b:,.0f} tok/s against "
                      f"{tiny_dense}'s {a:,.0f} ({b / a:.2f}x); both compute the same per token, so no saving can show.")
+    elif tiny_moe is None:
+        lines.append(f"- This run: no MoE is served on this profile (section 4 said why), so {tiny_dense} has nothing "
+                     "to be compared with.")
     else:
         lines.append(f"- This run: {tiny_dense} and {tiny_moe} were not both measured, so there is no CPU number.")
     small, large = table.iloc[0], table.iloc[-1]
