@@ -30,7 +30,7 @@ def test_bad_configs_say_what_to_change(args, message):
 import pandas as pd  # noqa: E402
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE  # noqa: E402
-from helpers.lessons.l06 import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion,  # noqa: E402
+from helpers.lessons.l06 import (BASELINE, acceptance_conclusion, k_conclusion, method_conclusion, per_k,  # noqa: E402
                                  speculation_caveat, speedups, trend_conclusion)
 
 ALIGNED = "draft k=3"
@@ -92,13 +92,30 @@ def test_acceptance_aligned_above_misaligned_or_not():
     assert acceptance_conclusion([0.5, 0.52], [0.51, 0.5]).verdict == WITHIN_NOISE
 
 
-def test_more_guesses_pay_only_while_accepted():
+def test_the_k_check_reads_the_conditional_rates_which_can_fall_or_not():
     falling = pd.DataFrame({"k": [1, 3, 5], "output_tok_s": [110, 120, 100], "acceptance_rate": [0.8, 0.6, 0.4],
-                            "mean_acceptance_length": [1.8, 2.8, 3.0]})
+                            "mean_acceptance_length": [1.8, 2.8, 3.0],
+                            "conditional": [[0.8], [0.8, 0.7, 0.6], [0.8, 0.7, 0.6, 0.5, 0.5]]})
     c = k_conclusion(falling, [100, 100])
-    assert c.verdict == SHOWN and "best k=3" in c.text and "fell from 80% at k=1 to 40% at k=5" in c.text
-    rising = falling.assign(acceptance_rate=[0.4, 0.6, 0.8])
+    assert c.verdict == SHOWN and "best k=3" in c.text and "At k=5" in c.text and "80%, 70%, 60%, 50%, 50%" in c.text
+    # the plain per-position rates fall in every run (a guess counts only after the earlier ones were kept); the
+    # conditional ones can rise, and then the check says so
+    rising = falling.assign(conditional=[[0.5], [0.5, 0.8, 0.9], [0.5, 0.8, 0.9, 0.9, 0.95]])
     assert k_conclusion(rising, [100, 100]).verdict == NOT_SHOWN
+    flat = falling.assign(conditional=[[0.6], [0.6, 0.62, 0.6], [0.6, 0.61, 0.6, 0.62, 0.58]])
+    assert k_conclusion(flat, [100, 100]).verdict == WITHIN_NOISE
+    only_k1 = falling.iloc[:1]
+    assert k_conclusion(only_k1, [100, 100]).verdict == WITHIN_NOISE and "needs k >= 2" in k_conclusion(only_k1, [100]).text
+    assert k_conclusion(falling.drop(columns="conditional"), [100, 100]).verdict == WITHIN_NOISE
+
+
+def test_per_k_pools_the_conditional_rates_over_runs_by_drafts():
+    runs = pd.DataFrame([{"config": "d k=3", "concurrency": 1, "output_tok_s": 10.0, "acceptance_rate": 0.5,
+                          "mean_acceptance_length": 2.0, "spec_drafts": drafts, "per_position_acceptance": rates}
+                         for drafts, rates in ((100, [0.8, 0.4, 0.2]), (300, [0.6, 0.3, 0.3]))])
+    row = per_k(runs, {3: "d k=3"}, 1).iloc[0]
+    # pooled per position: 0.65, 0.325, 0.275; conditional: 0.65, 0.5, 0.846
+    assert row.conditional == pytest.approx([0.65, 0.5, 0.846], abs=1e-3)
 
 
 def test_the_cpu_caveat_is_labelled_and_carries_the_measured_draft_cost():

@@ -10,7 +10,8 @@ from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 from helpers.lessons.l06 import (BASELINE, TALK_EXAMPLE, arithmetic_sentence, arithmetic_table, batching_conclusion,
                                  cost_conclusion, cost_table, gpu_beside_cpu, lossless_sampler, lossless_tests,
                                  permutation_test, run_methods, speedups, step_arithmetic)
-from helpers.lessons.l06.lossless import SAMPLE_NAMES, lossless_conclusion
+from helpers.lessons.l06.lossless import (FIXED_SAMPLE, SAMPLE_NAMES, format_p, lossless_conclusion,
+                                         lossless_pair)
 from helpers.planning.acceptance import expected_accepted_length, first_guess_acceptance, speculative_speedup
 
 ALIGNED, MISALIGNED = "draft k=3", "untrained k=3"
@@ -121,6 +122,67 @@ def test_the_losslessness_verdict_needs_power_and_no_false_alarm_first():
     assert lossless_tests({SAMPLE_NAMES[0]: SAME}).verdict == WITHIN_NOISE
 
 
+def test_a_p_value_at_the_permutation_floor_is_printed_as_a_bound():
+    assert format_p(1 / 2001, 2000) == "p <= 1/2001" and format_p(0.00049, 2000) == "p <= 1/2001"
+    assert format_p(2 / 2001, 2000) == "p = 0.001" and format_p(0.5) == "p = 0.5"
+    _, p = permutation_test(SAME, SHIFTED, permutations=300)
+    assert p == 1 / 301 and format_p(p, 300) == "p <= 1/301"
+    text = lossless_conclusion(1 / 2001, 1 / 2001, 0.5, 600, p_first=0.4, p_first_hotter=1 / 2001).text
+    assert "with vs without speculation p <= 1/2001; temperature x1.2 vs x1 p <= 1/2001" in text
+    assert "p = 0.0005" not in text and "2000 permutations" in text
+
+
+def test_position_1_is_a_negative_control_with_its_own_power_check():
+    # position 1 differs: the engines differ in more than speculation, whatever the later positions say
+    moved = lossless_conclusion(0.001, 0.001, 0.5, 600, p_first=0.001, p_first_hotter=0.001)
+    assert moved.verdict == WITHIN_NOISE and "position 1, which the target samples alone, differed too" in moved.text
+    rejected = lossless_conclusion(0.001, 0.001, 0.5, 600, p_first=0.6, p_first_hotter=0.001)
+    assert rejected.verdict == NOT_SHOWN and "position 1 (the control) with vs without p = 0.6, x1.2 vs x1 p = 0.001" in rejected.text
+    assert "one that varies from run to run" in rejected.text and "weak evidence" not in rejected.text
+    weak = lossless_conclusion(0.001, 0.001, 0.5, 600, p_first=0.6, p_first_hotter=0.3)
+    assert weak.verdict == NOT_SHOWN and "could not tell x1.2 apart, so its not differing is weak evidence" in weak.text
+    # only the first token moved: the control catches it, the verified positions do not
+    samples = dict(zip(SAMPLE_NAMES, (SAME, SAME[::-1], SHIFTED, FIRST_ONLY)))
+    assert lossless_tests(samples, permutations=300).verdict == WITHIN_NOISE
+
+
+def test_passing_says_a_per_position_test_cannot_show_the_joint_distribution_unchanged():
+    passed = lossless_conclusion(0.4, 0.001, 0.5, 600, p_first=0.5, p_first_hotter=0.001)
+    assert passed.verdict == SHOWN
+    assert "a per-position test can reject, but passing it cannot show the joint distribution" in passed.text
+
+
+HOT_FIRST = _seqs({("B", "x", "p"): 60, ("A", "y", "p"): 60, ("A", "y", "q"): 80})  # x1.2: position 1 moves too
+
+
+def test_the_pair_puts_the_stock_and_the_fixed_engine_side_by_side():
+    samples = dict(zip(SAMPLE_NAMES, (SAME, SAME[::-1], HOT_FIRST, SHIFTED)))
+    samples[FIXED_SAMPLE] = SAME[::2] + SAME[1::2]
+    counters = {SAMPLE_NAMES[3]: {"drafts": 500.0, "accepted_tokens": 900.0, "acceptance_rate": 0.6},
+                FIXED_SAMPLE: {"drafts": 520.0, "accepted_tokens": 950.0, "acceptance_rate": 0.61}}
+    conclusions, table = lossless_pair(samples, counters, permutations=300)
+    assert [c.verdict for c in conclusions] == [SHOWN, SHOWN, SHOWN, SHOWN]
+    assert "vllm-project/vllm/issues/55005" in conclusions[0].expectation
+    assert "vllm-project/vllm/pull/55006" in conclusions[1].expectation
+    assert "uninitialised memory" in conclusions[0].text and "p <= 1/301" in conclusions[0].text
+    assert "stock 500 drafts, acceptance 60%; fixed 520 drafts, acceptance 61%" in conclusions[3].text
+    assert list(table.engine) == ["stock", "vllm#55006 applied"] and list(table.verdict) == [NOT_SHOWN, SHOWN]
+    assert table["p, positions 2 on"].iloc[0] == "p <= 1/301" and list(table.drafts) == [500.0, 520.0]
+    # the fix did not help, position 1 moved in one run, no draft was accepted: each check says so
+    samples[FIXED_SAMPLE] = SHIFTED
+    assert lossless_pair(samples, counters, permutations=300)[0][1].verdict == NOT_SHOWN
+    samples[FIXED_SAMPLE] = FIRST_ONLY
+    assert lossless_pair(samples, counters, permutations=300)[0][2].verdict == NOT_SHOWN
+    counters[FIXED_SAMPLE] = {"drafts": 0.0, "accepted_tokens": 0.0, "acceptance_rate": None}
+    assert lossless_pair(samples, counters, permutations=300)[0][3].verdict == NOT_SHOWN
+    # a stock engine that passes (a GPU build, Triton-CPU) is said to be right already; no fixed run is not a pass
+    samples[SAMPLE_NAMES[3]] = SAME[::-1]
+    del samples[FIXED_SAMPLE]
+    stock, fixed, *_ = lossless_pair(samples, permutations=300)[0]
+    assert stock.verdict == NOT_SHOWN and "the stock engine is already right" in stock.text
+    assert fixed.verdict == WITHIN_NOISE and "was not run" in fixed.text
+
+
 class _FakeCompletions:
     def __init__(self):
         self.calls = []
@@ -129,6 +191,48 @@ class _FakeCompletions:
         self.calls.append(kwargs)
         choice = SimpleNamespace(logprobs=SimpleNamespace(tokens=["A", "x"]), text="Ax")
         return SimpleNamespace(choices=[choice] * kwargs["n"])
+
+
+def test_the_sampler_seeds_each_sample_apart_and_counts_the_drafts_of_each_speculative_one(monkeypatch):
+    import helpers.measure.server_metrics as server_metrics
+
+    snapshots = iter(range(10))
+    monkeypatch.setattr(server_metrics, "scrape", lambda url: next(snapshots))
+    monkeypatch.setattr(server_metrics, "window", lambda before, after: {
+        "spec_decode_num_drafts": 10.0 * after, "spec_decode_num_accepted_tokens": 5.0 * after,
+        "spec_decode_acceptance_rate": 0.5})
+    completions, store, counters = _FakeCompletions(), {}, {}
+    lab = SimpleNamespace(model="m", client=SimpleNamespace(completions=completions),
+                          settings=SimpleNamespace(metrics_url="http://x/metrics"))
+    sample = lossless_sampler(lab, store, BASELINE, ALIGNED, "p", 5, fixed="fixed", seed=100, counters=counters)
+    for name in (BASELINE, ALIGNED, "fixed"):
+        sample(name)
+    assert [c["seed"] for c in completions.calls] == [100, 105, 110, 115, 115]  # the stock and fixed draws alike
+    assert list(store) == [*SAMPLE_NAMES, FIXED_SAMPLE]
+    assert counters == {SAMPLE_NAMES[3]: {"drafts": 10.0, "accepted_tokens": 5.0, "acceptance_rate": 0.5},
+                        FIXED_SAMPLE: {"drafts": 30.0, "accepted_tokens": 15.0, "acceptance_rate": 0.5}}
+
+
+def test_run_methods_starts_a_method_with_its_environment_and_the_others_without(monkeypatch):
+    import helpers.lessons.l06.runs as runs_module
+    from helpers.core.vllm_args import EngineConfig, flag_value
+
+    state = {"config": EngineConfig(model="m", served_name="m", args=("--enforce-eager",), env=(("A", "1"),))}
+    applied = []
+
+    def apply(config):
+        applied.append((flag_value(config.args, "--speculative-config"), dict(config.env)))
+        state["config"] = config
+
+    engine = SimpleNamespace(config=lambda: state["config"], args=lambda: list(state["config"].args), apply=apply,
+                             set_flag=lambda flag, value: apply(state["config"].__class__(
+                                 **{**state["config"].__dict__, "args": runs_module.with_flag(state["config"].args, flag, value)})))
+    monkeypatch.setattr(runs_module, "measure_speculation",
+                        lambda lab, name, cs, w, r: [{"config": name, "concurrency": 1, "output_tok_s": 1.0}])
+    run_methods(SimpleNamespace(engine=engine), {"k=1": "{1}", "fixed": "{3}"}, [1], None, repeats=1,
+                env={"fixed": (("FIX", "1"),)})
+    assert applied == [("{1}", {"A": "1"}), ("{3}", {"A": "1", "FIX": "1"}), (None, {"A": "1"})]
+    assert state["config"].args == ("--enforce-eager",)
 
 
 def test_the_sampler_takes_three_samples_on_the_baseline_and_one_on_the_draft():

@@ -22,6 +22,20 @@ def expected_accepted_length(a: float, k: int) -> float:
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
+def conditional_rates(rates: list[float]) -> list[float]:
+    """Each draft position's acceptance given the one before was accepted, from vLLM's per-position rates (the share
+    of drafts whose guess at that position was kept). A guess counts only when every earlier one was kept, so the
+    per-position rates can never rise; these can, fall, or stay at the first guess's rate (independent guesses)."""
+    if not rates:
+        return []
+    return [rates[0]] + [rates[i] / rates[i - 1] if rates[i - 1] else float("nan") for i in range(1, len(rates))]
+
+
+def pooled_per_position(group: pd.DataFrame) -> tuple[float, list[float] | None]:
+    """(drafts, per-position acceptance) of a group of ``measure_speculation`` rows, pooled over runs by drafts."""
+    return _pooled_positions(group) if "per_position_acceptance" in group else (0.0, None)
+
+
 def _pooled_positions(group: pd.DataFrame) -> tuple[float, list[float] | None]:
     """(drafts, per-position acceptance) pooled over runs, each run weighted by its number of drafts."""
     drafts, counts = 0.0, None
@@ -47,8 +61,7 @@ def expected_length_table(runs: pd.DataFrame, k_by_config: dict[str, int], concu
         drafts, rates = _pooled_positions(group) if "per_position_acceptance" in group else (0.0, None)
         if not rates:
             continue
-        a = rates[0]
-        conditional = [a] + [rates[i] / rates[i - 1] if rates[i - 1] else float("nan") for i in range(1, len(rates))]
+        a, conditional = rates[0], conditional_rates(rates)
         measured, formula = 1 + sum(rates), expected_accepted_length(a, k)
         rows.append({"config": config, "k": k, "drafts": int(drafts), "a_first_guess": a, "formula_length": formula,
                      "measured_length": measured, "difference": measured - formula,

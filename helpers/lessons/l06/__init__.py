@@ -18,8 +18,8 @@ from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.lessons.l06.cost import (PUBLISHED_GPU, TALK_EXAMPLE, arithmetic_sentence, arithmetic_table,
                                       batching_conclusion, cost_conclusion, cost_table, gpu_beside_cpu, step_arithmetic)
-from helpers.lessons.l06.lossless import (lossless_sampler, lossless_tests, permutation_test, sample_continuations,
-                                          samples_summary)
+from helpers.lessons.l06.lossless import (FIXED_SAMPLE, format_p, lossless_pair, lossless_sampler, lossless_tests,
+                                          permutation_test, sample_continuations, samples_summary)
 from helpers.lessons.l06.methods import (METHODS, copied_text_lookup, draft_methods, installed_spec_methods,
                                          lookup_outcome, method_map, prompt_lookup_length, spec_config)
 from helpers.lessons.l06.runs import (BASELINE, SPEC_FLAG, agent_workload, baseline_tok_s, mean_runs,
@@ -28,12 +28,14 @@ from helpers.lessons.l06.verdicts import (acceptance_conclusion, aligned_vs_misa
                                           k_conclusion, length_gain_outcome, lowest_concurrency_conclusion,
                                           method_conclusion, speculation_caveat, speculation_conclusions, speedups,
                                           trend_conclusion)
+from helpers.engine.spec_sampling_fix import FIX_ENV
 from helpers.planning.acceptance import expected_length_table, more_guesses
 
 __all__ = [
     # this notebook's own, from the modules of this package
     "PUBLISHED_GPU", "TALK_EXAMPLE", "arithmetic_sentence", "arithmetic_table", "batching_conclusion",
-    "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "lossless_sampler", "lossless_tests",
+    "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "FIXED_SAMPLE", "format_p", "lossless_pair",
+    "lossless_sampler", "lossless_tests",
     "permutation_test", "sample_continuations", "samples_summary", "METHODS", "copied_text_lookup",
     "installed_spec_methods", "draft_methods", "lookup_outcome", "method_map", "prompt_lookup_length", "spec_config",
     "BASELINE",
@@ -43,5 +45,5 @@ __all__ = [
     "trend_conclusion",
     # from the floors below, for the notebook
     "report", "check_prediction", "should_see", "should_see_conclusion", "compare", "check_quiet", "plots",
-    "expected_length_table", "more_guesses", "by_profile", "lesson_model", "workshop_gpu",
+    "FIX_ENV", "expected_length_table", "more_guesses", "by_profile", "lesson_model", "workshop_gpu",
 ]

@@ -5,17 +5,19 @@ run tables averaged."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
 from helpers.core.comparison import interleave
-from helpers.core.vllm_args import flag_value
+from helpers.core.vllm_args import flag_value, with_flag
 from helpers.evals.suite import load_suite
 from helpers.measure.bench_results import requests_frame, summarize
 from helpers.measure.loadgen import run_load
 from helpers.measure.server_metrics import scrape, window
 from helpers.measure.workloads import Load, Workload
+from helpers.planning.acceptance import conditional_rates, pooled_per_position
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
@@ -69,20 +71,37 @@ SPEC_FLAG = "--speculative-config"
 
 def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
                 repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
-                first_round: Callable[[str], Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+                first_round: Callable[[str], Any] | None = None,
+                env: dict[str, tuple[tuple[str, str], ...]] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C A B C
     so a machine that gets busier hits every method alike. One row per method, concurrency and repeat;
     ``eval_suite`` runs once per method in the first round, and ``first_round(name)`` right after it (e.g. samples
-    for the losslessness test, taken while that engine is up). The engine is left without speculation."""
+    for the losslessness test, taken while that engine is up). ``env``: engine environment variables a method runs
+    with (e.g. ``spec_sampling_fix.FIX_ENV``), the others without them. The engine is left without speculation."""
     from helpers.evals.suite import run_suite
 
     evals: dict[str, Any] = {}
     rounds = {name: 0 for name in methods}
+    managed = {key for pairs in (env or {}).values() for key, _ in pairs}
+
+    def switch(config: str | None, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        if not managed:
+            if flag_value(lab.engine.args(), SPEC_FLAG) != config:
+                lab.engine.set_flag(SPEC_FLAG, config)
+            return
+        current = lab.engine.config()
+        wanted = {k: v for k, v in current.env if k not in managed} | dict(extra)
+        if flag_value(current.args, SPEC_FLAG) == config and dict(current.env) == wanted:
+            return
+        if dict(current.env) == wanted:
+            lab.engine.set_flag(SPEC_FLAG, config)
+        else:
+            lab.engine.apply(replace(current, args=tuple(with_flag(current.args, SPEC_FLAG, config)),
+                                     env=tuple(sorted(wanted.items()))))
 
     def runner(name: str, config: str | None):
         def run() -> list[dict[str, Any]]:
-            if flag_value(lab.engine.args(), SPEC_FLAG) != config:
-                lab.engine.set_flag(SPEC_FLAG, config)
+            switch(config, (env or {}).get(name, ()))
             if eval_suite and name not in evals:
                 evals[name] = run_suite(lab, eval_suite)
             if first_round is not None and rounds[name] == 0:
@@ -96,8 +115,7 @@ def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[in
         results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats,
                              desc="speculative methods")
     finally:
-        if flag_value(lab.engine.args(), SPEC_FLAG) is not None:
-            lab.engine.set_flag(SPEC_FLAG, None)  # back to the baseline
+        switch(None)  # back to the baseline
     return pd.DataFrame([row for rows in results.values() for run_rows in rows for row in run_rows]), evals
 
 
@@ -110,13 +128,16 @@ def mean_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_k(runs: pd.DataFrame, names_by_k: dict[int, str], concurrency: int) -> pd.DataFrame:
-    """One row per number of guesses k: the mean throughput and acceptance of the method named for it."""
+    """One row per number of guesses k: the mean throughput and acceptance of the method named for it, and each draft
+    position's acceptance given the one before was kept (``conditional``, pooled over its runs by drafts)."""
     rows = []
     for k, name in sorted(names_by_k.items()):
         r = runs[(runs.config == name) & (runs.concurrency == concurrency)]
+        _, rates = pooled_per_position(r)
         rows.append({"k": k, "config": name, "runs": len(r), "output_tok_s": _mean(r.output_tok_s),
                      "acceptance_rate": _mean(r.acceptance_rate),
-                     "mean_acceptance_length": _mean(r.mean_acceptance_length)})
+                     "mean_acceptance_length": _mean(r.mean_acceptance_length),
+                     "conditional": [round(c, 3) for c in conditional_rates(rates or [])]})
     return pd.DataFrame(rows)
 
 

@@ -135,9 +135,11 @@ def acceptance_conclusion(aligned: list[float | None], misaligned: list[float | 
                              "repeat the same tokens; look at the answers.", NOT_SHOWN)
 
 
-def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float]) -> Conclusion:
-    """How many guesses (one row per k: output_tok_s, acceptance_rate, mean_acceptance_length): the accepted
-    share per guess should fall as k grows, so speed stops growing with k."""
+def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float], within: float = 0.05) -> Conclusion:
+    """How many guesses (one row per k: output_tok_s, acceptance_rate, ``conditional``): the speed at each k, and at
+    the largest k whether a guess further ahead is kept less often even when the one before it was kept (the
+    conditional rates; the plain per-position rates cannot rise, since a guess counts only after every earlier one
+    was kept, so their fall tests nothing). Shown when the last conditional rate is ``within`` below the first's."""
     k_rows = k_rows.sort_values("k")
     per_k = []
     for _, r in k_rows.iterrows():
@@ -146,21 +148,25 @@ def k_conclusion(k_rows: pd.DataFrame, baseline_tok_s: list[float]) -> Conclusio
     best = k_rows.loc[k_rows.output_tok_s.idxmax()]
     best_v = compare_samples(baseline_tok_s, [best.output_tok_s], higher_is_better=True)
     head = f"Number of guesses: {', '.join(per_k)}; best k={int(best.k)} ({best_v.label} than no speculation)"
-    first, last = k_rows.iloc[0], k_rows.iloc[-1]
-    if len(k_rows) < 2 or first.acceptance_rate is None or last.acceptance_rate is None \
-            or first.acceptance_rate != first.acceptance_rate or last.acceptance_rate != last.acceptance_rate:
-        return Conclusion(head + ".", WITHIN_NOISE)
-    drop = last.acceptance_rate - first.acceptance_rate
-    if abs(drop) < 0.05:
-        return Conclusion(head + f". Acceptance per guess stayed at about {first.acceptance_rate:.0%} from k={int(first.k)} "
-                                 f"to k={int(last.k)}: later guesses were as good as the first here.", WITHIN_NOISE)
-    if drop < 0:
-        return Conclusion(head + f". Acceptance per guess fell from {first.acceptance_rate:.0%} at k={int(first.k)} to "
-                                 f"{last.acceptance_rate:.0%} at k={int(last.k)}: each further guess is less likely to "
-                                 "be kept, while it costs a full draft step.", SHOWN)
-    return Conclusion(head + f". Acceptance per guess rose from {first.acceptance_rate:.0%} to {last.acceptance_rate:.0%} "
-                             "with more guesses: on this traffic the later guesses were easier (e.g. repeated tool-call "
-                             "syntax).", NOT_SHOWN)
+    last = k_rows.iloc[-1]
+    conditional = last.get("conditional")
+    rates = [c for c in conditional if c == c] if isinstance(conditional, (list, tuple)) else []
+    if int(last.k) < 2 or len(rates) < 2:
+        return Conclusion(head + f". The conditional acceptance needs k >= 2 with drafts at every position: not read "
+                                 f"here (largest k={int(last.k)}).", WITHIN_NOISE)
+    shown = ", ".join(f"{c:.0%}" for c in rates)
+    text = (head + f". At k={int(last.k)}, each position's acceptance given the one before was kept: {shown} "
+                   f"(position 1 to {len(rates)})")
+    drop = rates[-1] - rates[0]
+    if drop < -within:
+        return Conclusion(text + ": a guess further ahead is kept less often even after its predecessors were, since "
+                                 "it builds on the draft's own earlier guesses; each costs a full draft step.", SHOWN)
+    if drop > within:
+        return Conclusion(text + ": later guesses were kept more often once the earlier ones were (on this traffic a "
+                                 "draft that got the start right is in an easy stretch, e.g. tool-call syntax), so the "
+                                 "further guesses paid better than the first.", NOT_SHOWN)
+    return Conclusion(text + f": within {within:.0%} of the first, as if each guess were an independent coin.",
+                      WITHIN_NOISE)
 
 
 def speculation_caveat(profile: str, draft_cost_x: float | None = None) -> Conclusion:
