@@ -128,3 +128,14 @@ def test_the_cluster_draft_is_the_rooms_hub_id_and_a_missing_one_is_left_out(mon
     runs = pd.DataFrame({"config": ["A", "A"], "acceptance_rate": [0.5, 0.6]})
     left_out = aligned_vs_misaligned(runs, "A", "M")
     assert left_out.text.startswith("not run: M left out") and left_out.verdict == ""
+
+
+def test_prompt_lookup_on_a_hub_id_without_its_tokenizer_here_uses_the_roles_stand_in(monkeypatch):
+    from helpers.lessons.l06 import copied_text_lookup
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
+    length, detail = copied_text_lookup("Qwen/Qwen3-4B", "the weather in Paris is sunny", 3, 3)
+    assert length > 1 and "tokenized with tiny-agent's tokenizer: Qwen/Qwen3-4B's is not on this machine" in detail
+    shipped = copied_text_lookup("tiny-agent", "the weather in Paris is sunny", 3, 3)
+    assert shipped[0] == length and "tokenized with" not in shipped[1]

@@ -144,21 +144,29 @@ def copied_text_lookup(model: str, text: str, copies: int, k: int) -> tuple[floa
     ``text`` ``copies`` times after a prompt holding it once, tokenized with ``model``'s tokenizer."""
     if copies < 1:
         raise ValueError("copies must be >= 1 (the answer repeats the text at least once)")
-    path = models_dir() / model / "tokenizer.json"
+    from helpers.core.models import LESSON_MODELS
+
+    path, note = models_dir() / model / "tokenizer.json", ""
+    if not path.is_file():  # a hub id: its tokenizer from the local cache, else its role's shipped stand-in's
+        try:
+            from transformers import AutoTokenizer
+
+            slow = AutoTokenizer.from_pretrained(model, local_files_only=True)
+            encode = lambda s: slow.encode(s, add_special_tokens=False)  # noqa: E731
+        except (ImportError, OSError, ValueError):
+            stand_in = next((m.cpu for m in LESSON_MODELS.values() if m.gpu == model), "tiny-agent")
+            path = models_dir() / stand_in / "tokenizer.json"
+            note = f" (tokenized with {stand_in}'s tokenizer: {model}'s is not on this machine)"
     if path.is_file():  # the tokenizers library reads it in milliseconds
         from tokenizers import Tokenizer
 
         fast = Tokenizer.from_file(str(path))
         encode = lambda s: fast.encode(s, add_special_tokens=False).ids  # noqa: E731
-    else:  # a hub id: transformers fetches its tokenizer
-        from transformers import AutoTokenizer
-
-        slow = AutoTokenizer.from_pretrained(model)
-        encode = lambda s: slow.encode(s, add_special_tokens=False)  # noqa: E731
     prompt = encode(f"Repeat this {copies} time(s): {text}\n")
     answer = encode(" ".join([text] * copies))
     length = prompt_lookup_length(prompt + answer, len(prompt), k)
-    return length, f"{len(answer)} answer tokens in {len(answer) / length:.0f} steps = {length:.2f} tokens per step (k={k})"
+    return length, (f"{len(answer)} answer tokens in {len(answer) / length:.0f} steps = {length:.2f} tokens per step "
+                    f"(k={k}){note}")
 
 
 def lookup_outcome(length: float, k: int) -> str:
