@@ -62,6 +62,17 @@ def tool(name: str) -> str:
     return path
 
 
+def test_a_missing_prometheus_fails_in_ci_and_says_how_to_install_it_elsewhere(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install prometheus"):
+        tool("prometheus")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install prometheus") as skipped:
+        tool("promtool")
+    assert "\n" not in str(skipped.value.msg)  # one line
+
+
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([tool("promtool"), *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
