@@ -146,13 +146,17 @@ def test_the_cells_of_an_executed_notebook_are_kept_with_their_seconds_and_param
     for cell, (start, end) in zip(nb.cells[1:], [("00.000", "00.250"), ("00.300", "00.310"), ("01.000", "03.500")]):
         cell.metadata["execution"] = {"iopub.execute_input": f"2026-01-01T00:00:{start}Z",
                                       "shell.execute_reply": f"2026-01-01T00:00:{end}Z"}
-    path = tmp_path / "03_prefill_decode_kv_cache.ipynb"
+    path = tmp_path / "99_not_a_workshop_notebook.ipynb"  # a workshop notebook's name would land in build/
     nbformat.write(nb, path)
     kept = timetable.notebook_cells(path, "tests/test_x.py::t")
     assert [c["seconds"] for c in kept["cells"]] == [0.25, 0.01, 2.5] and kept["seconds"] == 2.76
     assert kept["cells"][2] == {"index": 3, "seconds": 2.5, "section": "1. Load", "first_line": "run(REPEATS)"}
     assert kept["parameters"] == "REPEATS = 1" and kept["test"] == "tests/test_x.py::t"
-    json.dumps(kept)  # written as JSON
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "99.json").write_text(json.dumps(kept))
+    (tmp_path / "cells" / "broken.json").write_text("{")
+    table = timetable.merge([], "AMX", 1.0) | {"notebooks": timetable.notebook_summaries(tmp_path / "cells")}
+    assert "| 99_not_a_workshop_notebook.ipynb | 2.8 | 3: 1. Load | 2.5 | REPEATS = 1 |" in timetable.markdown(table)
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), path)
     assert timetable.notebook_cells(path, "t") is None  # no timing: nothing to keep
 

@@ -195,7 +195,29 @@ def markdown(table: dict[str, Any]) -> str:
     unmarked = sorted({n for r in table["files"].values() for n in r["unmarked_starts"]})
     if unmarked:
         lines += ["", "Tests that started a real vLLM without the engine marker: " + ", ".join(unmarked)]
+    if table.get("notebooks"):
+        lines += ["", "Notebook cells (build/notebook-cells/, the latest run of each):", "",
+                  "| notebook | cells s | slowest cell | its s | parameters injected | recorded |",
+                  "|---|---:|---|---:|---|---|"]
+        for nb in table["notebooks"]:
+            slow = max(nb["cells"], key=lambda c: c["seconds"])
+            params = " ".join(line for line in nb["parameters"].splitlines() if not line.startswith("#")) or "(none)"
+            lines.append(f"| {nb['notebook']} | {nb['seconds']:,.1f} | {slow['index']}: {slow['section'][:40]} | "
+                         f"{slow['seconds']:,.1f} | {params[:80]} | {nb['recorded_at']} |")
     return "\n".join(lines) + "\n"
+
+
+def notebook_summaries(folder: Path) -> list[dict[str, Any]]:
+    """The per-cell records kept in ``folder`` (build/notebook-cells/), by notebook name."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("cells"):
+            out.append(record)
+    return out
 
 
 def notebook_cells(executed: Path, nodeid: str) -> dict[str, Any] | None:
@@ -308,6 +330,7 @@ class TimeTable:
                 continue
         kind, factor = machine_kind()
         self.table = merge(parts, kind, factor)
+        self.table["notebooks"] = notebook_summaries(BUILD / "notebook-cells")
         _write(BUILD / "test-times.json", json.dumps(self.table, indent=1) + "\n")
         _write(BUILD / "test-times.md", markdown(self.table))
         for old in PARTS.glob("*"):  # this run's own parts too when it is a suite of its own (no WORKSHOP_TEST_SUITE)
