@@ -50,6 +50,7 @@ class FakeVllm:
         self.metrics_text = metrics_text
         self.continuous_usage = continuous_usage  # False: usage only in the last, choice-less chunk
         self.chat_payloads: list[dict[str, Any]] = []
+        self.chat_headers: list[dict[str, str]] = []  # each chat request's headers (lower-case names), in order
         self.completion_payloads: list[dict[str, Any]] = []
         # what /v1/completions answers, one status per request (the last one repeats): 500 plays a server
         # that starts but cannot generate
@@ -139,6 +140,7 @@ class FakeVllm:
                         if status == 200 else {"error": {"message": "EngineCore encountered an issue."}})
                 await self._json(writer, status, body)
             elif path == "/v1/chat/completions" and method == "POST":
+                self.chat_headers.append(headers)
                 await self._chat(writer, payload)
             else:
                 await self._json(writer, 404, {"detail": "Not Found"})

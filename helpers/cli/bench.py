@@ -1,4 +1,5 @@
-"""``workshop bench`` and ``workshop metrics``: a load sweep and the server's own metrics from a terminal.
+"""``workshop bench``, ``workshop record`` and ``workshop metrics``: a load sweep (or a recorded agent replayed as
+load), the agent recorded, and the server's own metrics from a terminal.
 
 ``register(subparsers)`` adds both subcommands to an argparse parser; each sets ``func`` to a handler
 that takes the parsed arguments and returns an exit code: 0 done, 1 the sweep stopped early (Ctrl-C,
@@ -7,6 +8,8 @@ unreachable endpoint (one line on stderr, no traceback).
 
     workshop bench --concurrency 1,8,32 --input-len 512 --output-len 128 --json runs.jsonl
     workshop bench --rate 2,4,8 --max-concurrency 64 --input-len 256:1024 --output-len 128
+    workshop record --out sessions.jsonl --tool-delay 0.5      # the kit's agent over a few questions
+    workshop bench --replay sessions.jsonl --copies 8 --think-scale 0.5 --slo ttft_ms=2000
     workshop metrics --json                      # the current endpoint's /metrics, normalized
     workshop metrics --file saved_metrics.txt
 """
@@ -51,10 +54,16 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", metavar="C[,C...]", help="closed loop: users sending back to back, e.g. 1,8,32")
     load.add_argument("--rate", metavar="R[,R...]", help="open loop: Poisson arrivals per second, e.g. 2 or 1,2,4")
+    load.add_argument("--replay", metavar="FILE", help="replay the sessions `workshop record` wrote: --copies of "
+                                                        "each at once, in order, with their think time")
+    p.add_argument("--copies", default="1", metavar="N", help="--replay: copies of each session sent at once")
+    p.add_argument("--think-scale", default="1", metavar="X", help="--replay: multiply every think time (0: none)")
+    p.add_argument("--no-salt", action="store_true",
+                   help="--replay: send the recording verbatim (copies then share their whole prefix)")
     p.add_argument("--max-concurrency", metavar="N", help="open loop: at most N requests in flight")
     p.add_argument("--burstiness", default="1", metavar="B", help="gamma shape of the gaps (1 = Poisson)")
-    p.add_argument("--input-len", required=True, metavar="N|LOW:HIGH", help="prompt tokens (chat template included)")
-    p.add_argument("--output-len", required=True, metavar="M|LOW:HIGH",
+    p.add_argument("--input-len", metavar="N|LOW:HIGH", help="prompt tokens (chat template included)")
+    p.add_argument("--output-len", metavar="M|LOW:HIGH",
                    help="output tokens (exact: min_tokens + ignore_eos)")
     p.add_argument("--vllm-bench-requests", action="store_true",
                    help="send what vllm bench serve sends: ignore_eos without min_tokens, usage only at the end "
@@ -75,6 +84,20 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--json", metavar="PATH", help="save the summaries, one JSON object per line (vLLM's field names)")
     p.add_argument("--csv", metavar="PATH", help="save the summaries as CSV, one row per run")
     p.set_defaults(func=run_bench)
+
+    r = subparsers.add_parser(
+        "record", help="run the kit's agent over a few questions and write its sessions for bench --replay",
+        description="Run the kit's agent (helpers.evals.agent.run_agent) once per question against the current "
+                    "endpoint and write each run as a session: messages, token counts, tool calls and think time.")
+    r.add_argument("--out", required=True, metavar="PATH", help="the sessions file to write (JSON Lines)")
+    r.add_argument("--question", action="append", metavar="TEXT", help="a question (repeat it; default: three of "
+                                                                       "the kit's tool questions)")
+    r.add_argument("--content", choices=("full", "lengths"), default="full",
+                   help="full: the messages; lengths: only token counts, shared-prefix block ids and timing")
+    r.add_argument("--tool-delay", default="0", metavar="S", help="seconds each tool takes (the kit's answer at once)")
+    r.add_argument("--block-tokens", default="16", metavar="T", help="--content lengths: tokens per block id")
+    r.add_argument("--max-steps", default="4", metavar="N", help="model calls per question at most")
+    r.set_defaults(func=run_record)
 
     m = subparsers.add_parser("metrics", help="the engine's Prometheus /metrics under stable names",
                               description="Read vLLM's /metrics (the current endpoint's, a URL, or a saved file) and "
@@ -134,6 +157,9 @@ def _slos(text: str | None) -> dict[str, float] | None:
 
 def _plan(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], dict[str, float] | None]:
     """Workload, sweep arguments and SLOs from the flags; UsageError on anything unusable."""
+    for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+        if value is None:
+            raise UsageError(f"{flag} is needed with --concurrency or --rate, e.g. {flag} 256")
     workload = Workload(input_len=_length("--input-len", args.input_len),
                         output_len=_length("--output-len", args.output_len),
                         prefix=args.prefix, shared_prefix_len=_number("--shared-prefix-len", args.shared_prefix_len,
@@ -179,6 +205,8 @@ def _print_table(summaries: list[dict[str, Any]]) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the sweep, print the table (and the knee), save JSON/CSV when asked."""
+    if args.replay is not None:
+        return run_replay(args)
     try:
         workload, sweep, slos = _plan(args)
         max_num_seqs = None if args.max_num_seqs is None else _number("--max-num-seqs", args.max_num_seqs)
@@ -229,6 +257,91 @@ def run_bench(args: argparse.Namespace) -> int:
     if stopped:
         print(f"stopped early: {stopped[-1]['stop_reason']}", file=sys.stderr)
         return 1
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Replay a recording: the per-turn table and the summary; exit 1 when a session failed (the others ran)."""
+    from helpers.measure import replay
+
+    try:
+        copies = _number("--copies", args.copies)
+        scale = _number("--think-scale", args.think_scale, float, minimum=0)
+        slos = _slos(args.slo)
+        for flag, path in (("--json", args.json), ("--csv", args.csv)):
+            problem = output_path_problem(flag, path)
+            if problem:
+                raise UsageError(problem)
+        recording = replay.read_recording(args.replay)
+        settings = load_settings()
+        model = args.model or settings.model
+        check_endpoint(settings, model)
+    except WorkshopError as err:  # UsageError, RecordingError, the settings, the endpoint
+        return error(str(err))
+    before = None if args.no_metrics else _snapshot(settings.metrics_url)
+    try:
+        result = replay.replay(settings, recording, copies, think_scale=scale, model=model, salt=not args.no_salt)
+    except LoadError as err:
+        return error(str(err))
+    after = None if before is None else _snapshot(settings.metrics_url)
+    if before is not None and after is not None:
+        result.load.server = server_metrics.window(before, after)
+    summary = result.summary(slos)
+    summary["turns"] = result.turns_frame().to_dict(orient="records")
+    print(f"replayed {len(recording.sessions)} session(s) x {copies} cop{'y' if copies == 1 else 'ies'} "
+          f"({recording.content}, think time x {scale:g}) in {summary['duration']:.1f} s: "
+          f"{summary['completed']} requests ok, {summary['failed']} failed")
+    print(result.per_turn(slos).to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
+    hit = summary.get("server_prefix_cache_hit_rate")
+    goodput = summary["request_goodput"]
+    print("goodput: " + ("no SLO given (--slo ttft_ms=...,tpot_ms=...)" if goodput is None else
+                         f"{goodput:.3f} req/s within the SLOs; {summary['replay_good_sessions']} of "
+                         f"{len(result.planned)} sessions had every turn within them")
+          + ("" if hit is None else f"; server prefix-cache hit rate {hit:.0%}"))
+    for line in result.failures:
+        print(f"failed: {line}", file=sys.stderr)
+    try:
+        if args.json:
+            print(f"saved {bench_results.save_json(summary, args.json)}")
+        if args.csv:
+            print(f"saved {result.turns_frame().to_csv(args.csv, index=False) or args.csv}")
+    except OSError as err:
+        return error(f"could not save the results ({err.strerror or err}: {err.filename}); the table above has them")
+    return 1 if result.failures or result.load.interrupted else 0
+
+
+def _snapshot(url: str) -> Any:
+    """The server's /metrics now, or None (a replay without the server's figures) when it cannot be read."""
+    try:
+        return server_metrics.scrape(url)
+    except server_metrics.MetricsError:
+        return None
+
+
+def run_record(args: argparse.Namespace) -> int:
+    """Run the agent over the questions and write the sessions file."""
+    from helpers.engine.session import connect
+    from helpers.evals.record import DEFAULT_QUESTIONS, record_sessions
+    from helpers.measure.replay import write_recording
+
+    try:
+        delay = _number("--tool-delay", args.tool_delay, float, minimum=0)
+        block = _number("--block-tokens", args.block_tokens)
+        steps = _number("--max-steps", args.max_steps)
+        problem = output_path_problem("--out", args.out)
+        if problem:
+            raise UsageError(problem)
+        lab = connect(load_settings())
+        recording = record_sessions(lab, args.question or DEFAULT_QUESTIONS, content=args.content,
+                                    tool_delay_s=delay, block_tokens=block, max_steps=steps)
+        path = write_recording(recording, args.out)
+    except WorkshopError as err:
+        return error(str(err))
+    except OSError as err:
+        return error(f"could not write {args.out} ({err.strerror or err})")
+    print(recording.turns_frame().to_string(index=False))
+    print(f"saved {len(recording.sessions)} session(s) to {path}; replay them with "
+          f"`workshop bench --replay {path} --copies 4`")
     return 0
 
 

@@ -25,7 +25,7 @@ from helpers.core.vllm_args import ROUTER_POLICIES
 # The subcommands other modules register, by module, in --help's order: named here so that a module that cannot
 # be imported (a package of an extra is missing) still lists its subcommands, each saying what to install.
 SUBCOMMAND_MODULES = {
-    "helpers.cli.bench": ("bench", "metrics"),
+    "helpers.cli.bench": ("bench", "record", "metrics"),
     "helpers.cli.planner": ("memory", "gpus"),
     "helpers.cli.provision": ("provision", "cluster-status", "cards", "reset", "teardown"),
     "helpers.cli.cluster_day": ("rehearse", "gpu-share"),  # the dress rehearsal; GPUs shared by plan
