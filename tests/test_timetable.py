@@ -91,8 +91,9 @@ def test_the_parts_of_a_suite_merge_into_one_table_that_names_the_area_over_budg
     assert slower["areas"]["engine"]["budget_s"] == round(timetable.BUDGET_S["engine"] * 55 / 30)
     text = timetable.markdown(table)
     assert "| engine | 1 | 500.0 |" in text and "OVER" in text and "| tests/test_e.py | engine | 1 | 0 | 500.0 | 3 | 60.0 |" in text
-    rerun = _part("engine", 3.0, 50.0, {"tests/test_e.py": _row("engine", 40.0)})
-    assert timetable.merge([unit, engine, rerun], "AMX", 1.0)["files"]["tests/test_e.py"]["seconds"] == 40.0
+    split = _part("not engine", 0.5, 10.0, {"tests/test_e.py": _row("unit", 40.0)})  # its tests without the marker
+    row = timetable.merge([unit, engine, split], "AMX", 1.0)["files"]["tests/test_e.py"]
+    assert row["seconds"] == 540.0 and row["tests"] == 2 and row["engine_starts"] == 3 and row["area"] == "engine"
 
 
 def test_a_start_is_recorded_ready_or_not(tmp_path, monkeypatch):
