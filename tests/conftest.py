@@ -81,5 +81,5 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEn
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the shared engine when the next test does not use it: it never runs beside a test's own engine (their
     ports and the machine's two cores are shared); a later test that uses it starts it again."""
-    if _SHARED and (nextitem is None or "shared_engine" not in nextitem.fixturenames):
+    if _SHARED and "shared_engine" not in getattr(nextitem, "fixturenames", ()):
         _SHARED[0].stop()
