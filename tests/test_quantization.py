@@ -179,3 +179,21 @@ def test_smaller_weights_leave_more_kv_tokens_on_a_gpu():
     assert planned_kv_tokens(config, "L4", "fp8") > planned_kv_tokens(config, "L4", "bf16")
     with pytest.raises(ValueError, match="leaves no KV memory"):
         planned_kv_tokens(REFERENCE_CONFIGS / "Llama-3.3-70B.json", "L4", "bf16")
+
+
+def test_the_decode_probe_reads_the_requests_duration_not_bunched_chunk_gaps(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from helpers.lessons import l05_quantization as l05
+
+    # 32 tokens over 0.4 s, but arriving in one burst at the end: the chunk gaps would say 0.3 ms per token
+    bunched = SimpleNamespace(ok=True, completion_tokens=32, t_sent=10.0, t_done=10.4, tpot_s=0.0003, error=None)
+    monkeypatch.setattr(l05, "stream_chat", lambda *a, **k: bunched)
+    lab = SimpleNamespace(client=None, model="tiny-agent")
+    assert l05.decode_rate_tok_s(lab) == pytest.approx(80.0)
+    monkeypatch.setattr(l05, "stream_chat", lambda *a, **k: SimpleNamespace(ok=False, completion_tokens=0, t_sent=1.0,
+                                                                            t_done=None, error="HTTP 500"))
+    with pytest.raises(RuntimeError, match="the decode probe got no timing: HTTP 500"):
+        l05.decode_rate_tok_s(lab)
