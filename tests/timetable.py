@@ -120,7 +120,9 @@ def file_rows(tests: list[dict[str, Any]], starts: dict[str, list[dict]], run: s
     for test in tests:
         row = rows.setdefault(test["file"], {"seconds": 0.0, "tests": 0, "failed": 0, "engine_starts": 0,
                                              "engine_start_s": 0.0, "fake_starts": 0, "engine_marked": False,
-                                             "unmarked_starts": [], "run": run})
+                                             "unmarked_starts": [], "run": run, "worker": test["worker"],
+                                             "began": test["began"]})
+        row["began"] = min(row["began"], test["began"])  # when its first test began: the order xdist handed it out
         row["seconds"] += test["seconds"]
         row["tests"] += 1
         row["failed"] += test["failed"]
