@@ -284,6 +284,31 @@ def test_the_engine_deployment_follows_the_gpu_serving_rules(built):
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in init["volumeMounts"]
 
 
+def test_the_compile_caches_are_on_the_namespaces_own_volume_not_the_pods(built, variant, static_builds):
+    """Every flag change is a new pod (Recreate): vLLM's, inductor's and Triton's caches sit on a per-namespace
+    PVC, so a restart on a configuration compiled before can load it (reuse on a GPU: k8s/README.md, unverified)."""
+    for name, objs in {**built, "variant": variant, **static_builds}.items():
+        if not find(objs, "Deployment", "vllm"):
+            continue  # monitoring, models: no engine
+        spec = one(objs, "Deployment", "vllm")["spec"]["template"]["spec"]
+        engine = next(c for c in spec["containers"] if c["name"] == "vllm")
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+        env = {k: e.get("value") for k, e in env_of(engine).items()}
+        for variable in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            path = env[variable]
+            mount = max((m for m in mounts if path == m or path.startswith(m + "/")), key=len)
+            volume = volumes[mounts[mount]]
+            assert "emptyDir" not in volume, (name, variable, mount)
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            pvc = one(objs, "PersistentVolumeClaim", claim)
+            assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"] and not volume["persistentVolumeClaim"].get("readOnly")
+        assert one(objs, "Deployment", "vllm")["spec"]["strategy"]["type"] == "Recreate"  # one pod mounts it at a time
+    claims = [o for o in built["ws-01"] if o["kind"] == "PersistentVolumeClaim"]
+    quota = one(built["ws-01"], "ResourceQuota", "participant-quota")["spec"]["hard"]
+    assert len(claims) <= int(quota["persistentvolumeclaims"])  # the participant's quota holds the new claim
+
+
 def test_the_readiness_probe_script_is_valid_python(built):
     command = one(built["ws-01"], "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
     assert command["exec"]["command"][:2] == ["python3", "-c"]

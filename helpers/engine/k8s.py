@@ -39,6 +39,7 @@ from typing import Any
 
 from helpers.engine.interface import GPU_START_TIMEOUT_S, Engine, EngineError, EngineStartError, NotServing, log_excerpt
 from helpers.cluster.kubectl import CommandResult, ProvisionError, Runner, kubectl, run_kubectl
+from helpers.core.models import room_models
 from helpers.core.restarts import RESTART_LOG_ENV, Restart, record
 from helpers.core.settings import Settings
 from helpers.core.vllm_args import EngineConfig, describe_change, parse_args, server_args
@@ -117,6 +118,7 @@ def format_events(listing: Mapping[str, Any], limit: int = MAX_EVENTS) -> str:
     return "\n".join(lines)
 
 
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name: a model the engine would look for in the room's download
 # What the engine pod's log says when vLLM, offline, finds no copy of a hub model (huggingface_hub's errors)
 NOT_DOWNLOADED = re.compile(r"(LocalEntryNotFoundError|offline mode|HF_HUB_OFFLINE|does not appear to have|"
                             r"couldn't connect to|Cannot find an appropriate cached snapshot|not a local folder)", re.I)
@@ -162,6 +164,7 @@ class KubernetesEngine(Engine):
         self._runner = runner  # None: helpers.cluster.kubectl.run_kubectl, the real kubectl
         self._current: EngineConfig | None = None
         self._last_good: EngineConfig | None = None
+        self._rolled = False  # set once a change reached the Deployment (a rollout began)
         self.restarts: list[Restart] = []  # every rollout this engine made: the change, its seconds, its outcome
 
     # kubectl, always in the participant's namespace
@@ -245,6 +248,7 @@ class KubernetesEngine(Engine):
         before = self._config_of(deployment)
         good = self.last_good(deployment) or before
         change = describe_change(before, config)
+        self._refuse_undownloaded(config, before)
         try:
             self._timed_roll_out(deployment, config, timeout_s, change, "failed")
         except _RolloutFailed as failure:
@@ -272,16 +276,25 @@ class KubernetesEngine(Engine):
                         failed: str) -> None:
         """``_roll_out``, counted as one restart (``restarts`` and ``$WORKSHOP_RESTART_LOG``) with its time."""
         started, clock = time.time(), time.monotonic()
-        outcome = failed
+        outcome, self._rolled = failed, False
         try:
             self._roll_out(deployment, config, timeout_s)
             outcome = "ready"
         finally:
-            restart = Restart(started, change, round(time.monotonic() - clock, 1), outcome)
-            self.restarts.append(restart)
-            log = os.environ.get(RESTART_LOG_ENV)
-            if log:
-                record(log, restart)
+            if self._rolled:  # a patch the API server refused restarted nothing
+                restart = Restart(started, change, round(time.monotonic() - clock, 1), outcome)
+                self.restarts.append(restart)
+                log = os.environ.get(RESTART_LOG_ENV)
+                if log:
+                    record(log, restart)
+
+    def _refuse_undownloaded(self, config: EngineConfig, before: EngineConfig) -> None:
+        """A hub id the room's download does not fetch cannot start (the engine runs offline): say so, change nothing."""
+        room = room_models(self.settings)
+        if config.model != before.model and HUB_ID.fullmatch(config.model) and config.model not in room:
+            raise EngineError(f"{config.model} is not in the room's download, so the engine (offline) cannot serve it and "
+                              f"nothing was changed: use one of {', '.join(room)}, or ask your instructor to add it "
+                              "(PREDOWNLOAD_EXTRA_MODELS, `workshop provision --with-moe` for the MoE).")
 
     def logs(self, lines: int = 50) -> str:
         pod = newest_pod(self._pods(self._selector(self._get())))
@@ -347,6 +360,7 @@ class KubernetesEngine(Engine):
                       "-p", json.dumps(ops))
         else:
             self._out("rollout", "restart", f"deployment/{self.deployment}")
+        self._rolled = True
         self._wait_rollout(selector, old_pods, deadline, timeout_s)
         self._wait_served(config.served_name, selector, old_pods, deadline, timeout_s)
 

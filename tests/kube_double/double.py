@@ -126,6 +126,22 @@ def pod_starts(root: Path) -> int:
     return _read(root)["clock"]
 
 
+def notebook_env(root: Path, engine_url: str) -> dict[str, str]:
+    """The notebook pod's environment contract as its Deployment sets it (ConfigMap and Secret references resolved),
+    with the Service's address replaced by ``engine_url``; the pod's own kubeconfig and token left out."""
+    state = _read(root)
+    spec = state["deployments"]["notebook"]["spec"]["template"]["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "notebook")
+    env = {}
+    for entry in container.get("env", []):
+        field = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        value = state["namespace"] if field == "metadata.namespace" else _resolve_env(state, entry)
+        if value is not None and entry["name"] not in ("KUBECONFIG", "JUPYTER_TOKEN"):
+            env[entry["name"]] = value
+    env["VLLM_HOST"] = engine_url
+    return env
+
+
 def set_forbidden(root: Path, verbs: list[str]) -> None:
     with _locked(root) as state:
         state["forbid"] = list(verbs)

