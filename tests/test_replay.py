@@ -287,12 +287,13 @@ def run_cli(argv):
 def test_bench_replay_prints_the_turns_and_saves_the_summary(fake, tmp_path, capsys):
     path = rp.write_recording(two_sessions(think=0.01), tmp_path / "s.jsonl")
     code = run_cli(["bench", "--replay", str(path), "--copies", "2", "--slo", "ttft_ms=10000", "--no-metrics",
-                    "--json", str(tmp_path / "r.jsonl")])
+                    "--json", str(tmp_path / "r.jsonl"), "--csv", str(tmp_path / "turns.csv")])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "replayed 2 session(s) x 2 copies" in out and "median_ttft_ms" in out and "4 of 4 sessions" in out
     (summary,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert summary["mode"] == "replay" and summary["completed"] == 12 and len(summary["turns"]) == 12
+    assert len((tmp_path / "turns.csv").read_text().splitlines()) == 1 + 12  # one row per request
 
 
 @pytest.mark.parametrize("flags, message", [

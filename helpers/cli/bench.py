@@ -304,7 +304,8 @@ def run_replay(args: argparse.Namespace) -> int:
         if args.json:
             print(f"saved {bench_results.save_json(summary, args.json)}")
         if args.csv:
-            print(f"saved {result.turns_frame().to_csv(args.csv, index=False) or args.csv}")
+            result.turns_frame().to_csv(args.csv, index=False)
+            print(f"saved {args.csv}")
     except OSError as err:
         return error(f"could not save the results ({err.strerror or err}: {err.filename}); the table above has them")
     return 1 if result.failures or result.load.interrupted else 0

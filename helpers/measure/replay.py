@@ -484,7 +484,8 @@ async def areplay(settings: Settings, recording: Recording, copies: int = 1, *, 
         async def one_copy(number: int, turns: list[PlannedTurn]) -> None:
             t_ready = result.t_start
             for p in turns:
-                await asyncio.sleep(max(0.0, t_ready + p.think_s - time.perf_counter()))
+                while time.perf_counter() < t_ready + p.think_s:  # the loop's clock may wake a little early
+                    await asyncio.sleep(t_ready + p.think_s - time.perf_counter())
                 headers = {**settings.auth_headers(), SESSION_HEADER: f"{p.session}-{p.copy}-{run_salt or 0:06x}"}
                 timing = StreamTiming(t_sent=t_ready + p.think_s, t_scheduled=t_ready + p.think_s)
                 result.requests.append(RequestRecord(len(result.requests), timing, p.recorded.prompt_tokens,
