@@ -376,3 +376,61 @@ def test_no_secret_reaches_the_output_the_commands_or_the_annotation(cluster, ca
     shown = [str(info.value), engine.logs(), json.dumps(engine.status()), capsys.readouterr().out,
              json.dumps(cluster.calls()), json.dumps(cluster.deployment())]
     assert not [text for text in shown if SECRET in text]
+
+
+# ---------------------------------------------------------------- the CPU translation, advice, restarts
+
+def test_the_cpu_translation_table_maps_the_clusters_line_for_vllms_cpu_build():
+    from helpers.core.vllm_args import CPU_KV_CACHE_BYTES, cpu_translation_table, translate_for_cpu
+
+    gpu = ["--model", MODEL, "--served-model-name", MODEL, "--max-model-len", "8192", "--gpu-memory-utilization",
+           "0.45", "--reasoning-parser", "qwen3", "--speculative-config",
+           json.dumps({"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 3})]
+    cpu = translate_for_cpu(gpu, "/kit/models")
+    assert cpu[:4] == ["--model", "/kit/models/tiny-agent", "--served-model-name", MODEL]  # clients see the hub id
+    assert flag_value(cpu, "--kv-cache-memory-bytes") == str(CPU_KV_CACHE_BYTES // 2)  # half the baseline share
+    assert flag_value(cpu, "--gpu-memory-utilization") is None and flag_value(cpu, "--reasoning-parser") is None
+    assert flag_value(cpu, "--max-model-len") == "4096" and cpu[-1] == "--enforce-eager"
+    assert json.loads(flag_value(cpu, "--speculative-config"))["model"] == "/kit/models/tiny-draft"
+    other = translate_for_cpu(["--model", "Qwen/Qwen3-8B", "--max-model-len", "2048"], "/kit/models")
+    assert other[:2] == ["--model", "Qwen/Qwen3-8B"] and flag_value(other, "--max-model-len") == "2048"  # kept as is
+    rows = cpu_translation_table()
+    assert {"Qwen/Qwen3-4B", "RedHatAI/Qwen3-4B-FP8-dynamic", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-30B-A3B"} <= {r[0] for r in rows}
+
+
+def test_each_failed_change_gets_one_sentence_that_says_what_to_do():
+    before = EngineConfig(MODEL, MODEL, ("--max-num-seqs", "32"))
+    flag = replace(before, args=("--max-num-seqs", "8"))
+    other = replace(before, model="Qwen/Qwen3-0.6B", served_name="Qwen/Qwen3-0.6B")
+    assert "give it longer than 5 s" in ke.failure_advice("the new pod was not ready within 5 s", "", flag, before, 5)
+    assert "not in the room's download" in ke.failure_advice(
+        "container vllm is in CrashLoopBackOff", "huggingface_hub.errors.LocalEntryNotFoundError: ...", other, before, 60)
+    assert "change or remove that flag" in ke.failure_advice("container vllm is in CrashLoopBackOff", "invalid choice",
+                                                             flag, before, 60)
+
+
+def test_a_model_the_room_does_not_download_is_refused_before_any_patch(cluster):
+    engine = cluster.engine()
+    with pytest.raises(EngineError, match="Qwen/Qwen3-8B is not in the room's download, so the engine .offline. cannot "
+                                          "serve it and nothing was changed: use one of Qwen/Qwen3-4B"):
+        engine.switch_model("Qwen/Qwen3-8B", timeout_s=30)
+    assert not [c for c in cluster.calls() if c[0] == "patch"] and not engine.restarts
+
+
+def test_every_rollout_is_counted_with_its_outcome_and_a_refused_patch_is_not(cluster, tmp_path, monkeypatch):
+    from helpers.core.restarts import RESTART_LOG_ENV, read_restarts
+
+    log = tmp_path / "restarts.jsonl"
+    monkeypatch.setenv(RESTART_LOG_ENV, str(log))
+    engine = cluster.engine()
+    engine.set_flag("--max-num-seqs", 64, timeout_s=30)
+    with pytest.raises(EngineStartError):
+        engine.set_flag(*BAD_FLAG, timeout_s=30)
+    state = cluster.state()
+    state["forbid"] = ["patch"]
+    cluster.write(state)
+    with pytest.raises(EngineError, match="Role does not allow this"):
+        engine.set_flag("--max-num-seqs", 8, timeout_s=5)
+    assert [r.outcome for r in engine.restarts] == ["ready", "failed", "ready"]  # the change, the bad one, the way back
+    assert read_restarts(log) == engine.restarts
+    assert engine.restarts[0].change == "--max-num-seqs 32 -> 64" and engine.restarts[2].change.startswith("back to")

@@ -24,7 +24,11 @@ Environment: ``NAMESPACE`` (required), ``WORKSHOP_ENGINE_DEPLOYMENT`` (default `
 ``WORKSHOP_ENGINE_CONTAINER`` (default ``vllm``), the names in k8s/base/vllm.yaml. (Not ``VLLM_*``:
 vLLM reads every ``VLLM_*`` variable as its own setting.)
 
-Not yet run against a live cluster: tests/test_k8s_engine.py drives it through a fake kubectl;
+Every rollout is counted (``restarts``, and ``$WORKSHOP_RESTART_LOG`` for ``workshop run``'s restart table,
+helpers/core/restarts.py); a hub id the room does not download is refused before anything changes.
+
+Not yet run against a live cluster: tests/test_k8s_engine.py drives it through a fake kubectl, and
+tests/test_k8s_path_notebooks.py runs the notebooks through a kubectl double whose pod is a real local vLLM;
 k8s/README.md, "The engine backend", lists the steps that verify it on one.
 """
 
