@@ -318,3 +318,17 @@ def test_bench_replay_of_a_bad_file_names_the_field_and_a_sweep_still_needs_its_
     assert "line 3 (session 'b', turn 3) has no 'prompt_tokens' field" in err and err.count("\n") == 1
     assert run_cli(["bench", "--concurrency", "1", "--output-len", "4"]) == 2
     assert "--input-len is needed with --concurrency or --rate" in capsys.readouterr().err
+
+
+def test_workshop_record_writes_the_sessions_the_replay_reads(tmp_path, capsys, monkeypatch):
+    from helpers.engine import session as engine_session
+
+    monkeypatch.setattr(engine_session, "connect", lambda settings=None: weather_script())
+    out = tmp_path / "sessions.jsonl"
+    assert run_cli(["record", "--out", str(out), "--question", "What's the weather in Paris?",
+                    "--tool-delay", "0.02"]) == 0
+    assert f"saved 1 session(s) to {out}" in capsys.readouterr().out
+    (session,) = rp.read_recording(out).sessions
+    assert [t.completion_tokens for t in session.turns] == [17, 9] and session.turns[1].think_time_s >= 0.02
+    assert run_cli(["record", "--out", str(out), "--tool-delay", "-1"]) == 2
+    assert "--tool-delay must be >= 0" in capsys.readouterr().err
