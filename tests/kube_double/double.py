@@ -476,21 +476,23 @@ def rollout_status(root: Path, rest: list[str], opt: Options) -> tuple[int, str,
     timeout_s = float(timeout.rstrip("s") or 0) if timeout.endswith("s") else float(timeout.rstrip("m")) * 60
     deadline = time.monotonic() + (timeout_s or 3600)
     waiting = f'Waiting for deployment "{name}" rollout to finish: 0 of 1 updated replicas are available...\n'
-    shown = ""
+    said = False  # --watch: the waiting line once, as it happens (kubectl prints it when the state changes)
     while True:
         state = _read(root)
-        deployment = _deployment(state, name)
-        if name != ENGINE or deployment["spec"].get("replicas", 1) == 0:
-            return 0, shown + f'deployment "{name}" successfully rolled out\n', ""
+        try:
+            deployment = _deployment(state, name)
+        except Exit as done:
+            return done.code, done.stdout, done.stderr
         pod = state.get("pod")
-        if pod and _exit_code(pod) is None and _ready(state):
-            return 0, shown + f'deployment "{name}" successfully rolled out\n', ""
-        if opt.get("--watch") and not shown.endswith(waiting):
+        if name != ENGINE or deployment["spec"].get("replicas", 1) == 0 or (
+                pod and _exit_code(pod) is None and _ready(state)):
+            return 0, f'deployment "{name}" successfully rolled out\n', ""
+        if opt.get("--watch") and not said:
             sys.stdout.write(waiting)
             sys.stdout.flush()
-            shown = ""
+            said = True
         if time.monotonic() >= deadline:
-            return 1, shown if opt.get("--watch") else waiting, "error: timed out waiting for the condition\n"
+            return 1, "" if said else waiting, "error: timed out waiting for the condition\n"
         time.sleep(1.0)
 
 
