@@ -117,7 +117,7 @@ def without_content(recording: Recording, tokenize: Tokenize, block_tokens: int 
         hashed = block_hash_ids(prompts, block_tokens, ids)
         turns = [Turn(t.turn, t.prompt_tokens, t.completion_tokens, t.think_time_s, hash_ids=h, latency_s=t.latency_s,
                       tool_calls=t.tool_calls, finish_reason=t.finish_reason) for t, h in zip(s.turns, hashed)]
-        sessions.append(Session(s.id, turns))
+        sessions.append(Session(s.id, turns, request=s.request))  # template arguments are settings, not text
     return Recording("lengths", sessions, recording.model, recording.recorded_at, block_tokens, recording.source)
 
 

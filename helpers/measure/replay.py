@@ -4,8 +4,8 @@ The file (JSON Lines, ``FORMAT`` version ``VERSION``): a header line, then one l
 
 - header: ``format``, ``version``, ``content`` (``"full"`` or ``"lengths"``), ``model``, ``recorded_at``,
   ``block_tokens`` (lengths only), ``source``.
-- session: ``session`` (its id), ``turns`` (one per model call, in order); in full mode also ``tools`` (the
-  schemas the agent offered) and ``request`` (the other request fields it sent, e.g. ``chat_template_kwargs``).
+- session: ``session`` (its id), ``turns`` (one per model call, in order), ``request`` (the other request fields
+  it sent, e.g. ``chat_template_kwargs``); in full mode also ``tools`` (the schemas the agent offered).
 - turn: ``turn`` (1, 2, ...), ``prompt_tokens`` and ``completion_tokens`` (as the server counted them),
   ``think_time_s`` (the gap between the previous answer's last byte and this request: tool time plus the agent's
   own; 0 on the first turn), ``latency_s``, ``tool_calls`` (how many the answer asked for), ``finish_reason``;
@@ -336,8 +336,8 @@ def plan_copy(recording: Recording, session: Session, copy: int, model: str, thi
         n = max(1, t.completion_tokens)
         body: dict[str, Any] = {"model": model, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                                 "stream": True, "stream_options": dict(STREAM_OPTIONS), "temperature": 0.0}
+        body.update(session.request)
         if recording.content == "full":
-            body.update(session.request)
             body["messages"] = copying.deepcopy(flat[:end])
             if session.tools:
                 body["tools"] = session.tools
@@ -469,7 +469,11 @@ async def areplay(settings: Settings, recording: Recording, copies: int = 1, *, 
     index = private_message_index(recording) if recording.content == "full" else None
     shared = shared_block_ids(recording) if recording.content == "lengths" else None
     async with _http_client(None, request_timeout_s) as http:
-        factory = (await calibrate_for(settings, model, Workload(), http)) if recording.content == "lengths" else None
+        factory = None
+        if recording.content == "lengths":  # one-token words, calibrated with the template arguments the turns send
+            kwargs = recording.sessions[0].request.get("chat_template_kwargs")
+            factory = await calibrate_for(settings, model, Workload(extra_body={"chat_template_kwargs": kwargs}
+                                                                    if kwargs else {}), http)
         planned: dict[int, list[PlannedTurn]] = {}
         for s in recording.sessions:
             for c in range(copies):
