@@ -8,7 +8,8 @@ or model change is a Deployment patch, a rollout and a readiness wait on a real 
 is asked to serve is recorded; a test fails on one the room's download does not fetch (PREDOWNLOAD_MODELS).
 
 What the double cannot show is listed in k8s/README.md ("What the suite's kubectl double cannot show").
-The notebooks run at quick parameters, each with its own restart log; the restart table is printed at the end.
+The notebooks run at quick parameters (the CPU's sizes) on the workshop's branches (RUN_GO_DEEPER as the k8s profile
+has it), each with its own restart log; the restart table is printed after each.
 """
 
 from __future__ import annotations
@@ -239,6 +240,26 @@ def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
     assert "engine back on the flags it had before section 9: True" in text
     for config in ("max-num-batched-tokens 2048 (default)", "max-num-batched-tokens 256"):  # both rolled out
         assert f"{config}: the long prefill stalls the running streams" in text
+
+
+def test_notebook_04_on_the_cluster_path(room, tmp_path, monkeypatch):
+    # the dense model and the MoE by role: the room's hub ids (the MoE is downloaded here: components/with-moe)
+    text = _run(room, "04_dense_vs_moe.ipynb", tmp_path, monkeypatch,
+                {"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2})
+    assert "Qwen/Qwen3-30B-A3B" in text and "Traceback" not in text
+
+
+def test_notebook_05_on_the_cluster_path(room, tmp_path, monkeypatch):
+    # the FP8 checkpoint the room downloads; the INT8 and 4-bit roles the room lacks are skipped with their sentence
+    text = _run(room, "05_quantization.ipynb", tmp_path, monkeypatch, {"CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
+    assert "the room downloads no" in text
+
+
+def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):
+    # the draft by its hub id (Qwen/Qwen3-0.6B -> tiny-draft in the pod); the misaligned draft the room lacks is left out
+    text = _run(room, "06_speculative_decoding.ipynb", tmp_path, monkeypatch,
+                {"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2, "REPEATS": 1})
+    assert "Qwen/Qwen3-0.6B" in text
 
 
 def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
