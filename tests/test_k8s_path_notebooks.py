@@ -29,7 +29,7 @@ import yaml
 from kube_double import double
 
 from helpers.cluster.overlays import render
-from helpers.core.restarts import RESTART_LOG_ENV, RestartRow
+from helpers.core.restarts import RESTART_LOG_ENV, RestartRow, decode_rows
 from helpers.core.restarts import table_lines as restart_table
 from helpers.core.settings import load_settings, models_dir
 from helpers.core.vllm_args import cpu_translation_table, flag_value
@@ -222,8 +222,22 @@ def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) ->
     return text
 
 
-def test_notebook_01_on_the_cluster_path(room, tmp_path, monkeypatch):
-    text = _run(room, "01_connect_and_first_agent.ipynb", tmp_path, monkeypatch, {"STREAM_MAX_TOKENS": 32})
+def test_notebook_01_through_workshop_run_with_the_restart_table(room, tmp_path, monkeypatch, capsys):
+    """`workshop run` on the k8s path: the notebook, then one restart table (and the line the rehearsal reads)."""
+    from helpers.cli.main import main
+
+    name = "01_connect_and_first_agent.ipynb"
+    monkeypatch.setenv(RESTART_LOG_ENV, "")  # workshop run sets its own per notebook; put back afterwards
+    pairs = [arg for k, v in quick_parameters(name, {"STREAM_MAX_TOKENS": 32}).items() for arg in ("-p", f"{k}={v}")]
+    assert main(["run", str(NOTEBOOKS / name), "--out", str(tmp_path), *pairs]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Engine restarts (rollouts):"):].splitlines()
+    assert table[1].split()[:3] == ["notebook", "core", "all"] and "GPU start-up per restart" in table[-1]
+    [row] = decode_rows(out)
+    assert (row.notebook, row.core, row.total) == ("01_connect_and_first_agent", 0, 0)  # 01 changes no flag
+    RESTART_ROWS.append(row)
+    nb = nbformat.read(tmp_path / name, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
     assert "per million output tokens, prompts included" in text
 
