@@ -86,8 +86,10 @@ def _read(root: Path) -> dict[str, Any]:
 VLLM_COMMAND = (sys.executable, "-m", "helpers.engine.vllm_cli")
 
 
-def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl: str) -> None:
-    """A namespace from ``kubectl kustomize`` output, its engine pod started (not waited for)."""
+def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl: str,
+           vllm_command: list[str] | None = None) -> None:
+    """A namespace from ``kubectl kustomize`` output, its engine pod started (not waited for); ``vllm_command``
+    replaces the container's ``vllm`` (default: the CPU build, VLLM_COMMAND)."""
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     namespace = deployments[ENGINE]["metadata"]["namespace"]
@@ -96,7 +98,7 @@ def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl
         d["metadata"]["generation"] = 1
     state = {"namespace": namespace, "deployments": deployments, "pod": None, "clock": 0, "port": port,
              "models_root": str(models_root), "real_kubectl": real_kubectl, "forbid": [],
-             "vllm": list(VLLM_COMMAND),
+             "vllm": list(vllm_command or VLLM_COMMAND),
              "objects": [d for d in docs if d["kind"] in ("ConfigMap", "Secret")]}
     root.mkdir(parents=True, exist_ok=True)
     (root / "state.json").write_text(json.dumps(state))
