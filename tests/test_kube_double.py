@@ -40,6 +40,9 @@ def namespace(tmp_path, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     try:
+        waited = subprocess.run(["kubectl", "rollout", "status", "deployment/vllm", "-n", "ws-01", "--timeout=60s"],
+                                capture_output=True, text=True, check=False)
+        assert waited.returncode == 0 and "successfully rolled out" in waited.stdout, waited.stderr
         yield state
     finally:
         double.shutdown(state)
