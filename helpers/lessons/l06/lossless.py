@@ -243,8 +243,8 @@ def lossless_pair(samples: dict[str, Sequences], counters: dict[str, dict[str, A
     drafted = {name: counts.get(name, {}) for name in runs}
     accepted = [c.get("drafts") and c.get("accepted_tokens") for c in drafted.values()]
     out.append(Conclusion("drafts over the samples: " + ("; ".join(
-        f"{'stock' if name == stock else 'fixed'} {c.get('drafts') or 0:.0f} drafts, acceptance "
-        f"{(c.get('acceptance_rate') or 0):.0%}" for name, c in drafted.items()) or "none counted"),
+        f"{'stock' if name == stock else 'fixed'} {c.get('drafts') or 0:.0f} drafts, {c.get('accepted_tokens') or 0:.0f} "
+        f"draft tokens accepted ({(c.get('acceptance_rate') or 0):.1%})" for name, c in drafted.items()) or "none counted"),
         SHOWN if drafted and all(accepted) else NOT_SHOWN if drafted else WITHIN_NOISE,
         "drafts are accepted in both runs (the server's counters), so the fix left speculation on"))
     return out, pd.DataFrame(rows)
