@@ -228,7 +228,7 @@ class _FlagEngine:
         self.restarts.append(value)
 
 
-def _cap_sweep(monkeypatch, fail_at: int | None):
+def _cap_sweep(monkeypatch, fail_at: int | None, restore: bool = True):
     from types import SimpleNamespace
 
     from helpers.measure import loadgen
@@ -243,7 +243,7 @@ def _cap_sweep(monkeypatch, fail_at: int | None):
     monkeypatch.setattr(saturation, "analyze_results", lambda results, max_num_seqs: ("analysis", results))
     lab = SimpleNamespace(engine=_FlagEngine(["--max-model-len", "4096"]), settings=None)
     try:
-        saturation.run_cap_sweep(lab, 8, [1, 4, 8], workload=None)
+        saturation.run_cap_sweep(lab, 8, [1, 4, 8], workload=None, restore=restore)
     except KeyboardInterrupt:
         pass
     return lab.engine, flag_value(lab.engine.args(), "--max-num-seqs")
@@ -253,6 +253,13 @@ def _cap_sweep(monkeypatch, fail_at: int | None):
 def test_a_cap_sweep_puts_the_engine_back_on_its_flags_stopped_midway_or_not(monkeypatch, fail_at):
     engine, cap = _cap_sweep(monkeypatch, fail_at=fail_at)
     assert cap is None and engine.restarts == [8, None]  # back to the flag it started with
+
+
+def test_a_cap_sweep_told_not_to_restore_stays_on_its_cap_unless_stopped_midway(monkeypatch):
+    engine, cap = _cap_sweep(monkeypatch, fail_at=None, restore=False)
+    assert cap == "8" and engine.restarts == [8]  # the next sweep sets its own cap: one restart fewer
+    engine, cap = _cap_sweep(monkeypatch, fail_at=4, restore=False)
+    assert cap is None and engine.restarts == [8, None]  # stopped midway: back on the flag it started with
 
 
 def test_the_new_sweep_figures_keep_lines_and_legends_apart():

@@ -196,11 +196,14 @@ def relative_slos(c1: dict[str, Any], ttft_x: float, tpot_x: float) -> dict[str,
 
 
 def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
-                  min_requests: int = 8, sample_interval_s: float = 0.25) -> tuple[list[Any], SweepAnalysis]:
+                  min_requests: int = 8, sample_interval_s: float = 0.25,
+                  restore: bool = True) -> tuple[list[Any], SweepAnalysis]:
     """Restart on ``--max-num-seqs cap``, run one closed-loop load per concurrency with the server's gauges
     sampled (a bar counts the concurrencies, beside each run's bar of requests), and analyze the sweep.
     Returns the load results and the analysis. The engine goes back to the flag it started with, in a
-    ``finally``: a sweep stopped midway does not leave it on the cap."""
+    ``finally``: a sweep stopped midway does not leave it on the cap. ``restore=False`` leaves it on the cap
+    after a sweep that finished, for a next sweep that sets its own (one restart fewer: on a GPU each is a
+    minute or more); a sweep stopped midway still puts it back."""
     from helpers.measure.loadgen import run_sweep
     from helpers.measure.workloads import Load
     from helpers.core.progress import steps
@@ -209,13 +212,15 @@ def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workl
     start = flag_value(lab.engine.args(), "--max-num-seqs")
     lab.engine.set_flag("--max-num-seqs", cap)
     results: list[Any] = []
+    finished = False
     try:
         for c in steps(concurrencies, f"--max-num-seqs {cap} sweep", "run", label=lambda c: f"concurrency {c}"):
             load = Load(num_requests=max(min_requests, requests_per_user * c), warmup_requests=min(c, 4))
             results += run_sweep(lab.settings, workload, concurrencies=[c], load=load, metrics=True,
                                  sample_interval_s=sample_interval_s)
+        finished = True
     finally:
-        if flag_value(lab.engine.args(), "--max-num-seqs") != start:
+        if (restore or not finished) and flag_value(lab.engine.args(), "--max-num-seqs") != start:
             lab.engine.set_flag("--max-num-seqs", start)  # None removes the flag again
     return results, analyze_results(results, max_num_seqs=cap)
 
