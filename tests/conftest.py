@@ -77,6 +77,17 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEn
         _SHARED.remove(shared)
 
 
+def shared_files_first(items: list) -> list:
+    """The items with the files that use the shared engine first (whole files, each in its order), so that one start
+    serves them all; the other files after them, as collected. Scheduling only: no test depends on another's order."""
+    users = {item.nodeid.split("::", 1)[0] for item in items if "shared_engine" in getattr(item, "fixturenames", ())}
+    return sorted(items, key=lambda item: item.nodeid.split("::", 1)[0] not in users)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    items[:] = shared_files_first(items)
+
+
 @pytest.hookimpl(trylast=True)  # after the fixtures' teardown
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the shared engine when the next test does not use it: it never runs beside a test's own engine (their

@@ -55,3 +55,14 @@ def test_the_shared_engine_is_stopped_when_the_next_test_does_not_use_it(monkeyp
     conftest.pytest_runtest_teardown(user, other)
     conftest.pytest_runtest_teardown(user, None)  # the last test of the session
     assert stopped == [True, True]
+
+
+def test_the_files_that_use_the_shared_engine_run_first_whole_and_in_their_order():
+    def item(nodeid, *fixtures):
+        return SimpleNamespace(nodeid=nodeid, fixturenames=list(fixtures))
+
+    items = [item("tests/test_a.py::one"), item("tests/test_b.py::own_engine"), item("tests/test_b.py::reads", "shared_engine"),
+             item("tests/test_c.py::x"), item("tests/test_d.py::reads", "shared_engine")]
+    order = [i.nodeid for i in conftest.shared_files_first(items)]
+    assert order == ["tests/test_b.py::own_engine", "tests/test_b.py::reads", "tests/test_d.py::reads",
+                     "tests/test_a.py::one", "tests/test_c.py::x"]  # a file is never split: its module fixtures once
