@@ -161,8 +161,11 @@ async def arun_agent_workload(base_url: str, model: str, workload: AgentWorkload
                                        "status": None, "error": "", "ttft_s": None, "e2e_s": None,
                                        "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None}
                 rows.append(row)  # recorded when sent: a request is never missing from the table
+                # thinking off: a Qwen3 model would otherwise spend a short turn's tokens reasoning (ignored by
+                # templates that have no thinking mode)
                 body = {"model": model, "messages": messages, "max_tokens": workload.max_tokens, "temperature": 0.0,
-                        "stream": True, "stream_options": {"include_usage": True}}
+                        "stream": True, "stream_options": {"include_usage": True},
+                        "chat_template_kwargs": {"enable_thinking": False}}
                 reply = await _one_request(http, url, body, {**(headers or {}), SESSION_HEADER: row["session"]}, row)
                 if on_row is not None:
                     on_row(row)
