@@ -28,8 +28,8 @@ from typing import Any
 import nbformat
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-INSTALL = ("Chromium is not installed: `sudo apt-get install -y chromium chromium-driver` (Debian/Ubuntu), "
-           "and selenium in the project venv (`.venv/bin/pip install selenium`)")
+INSTALL_BROWSER = "Chromium is not installed: `sudo apt-get install -y chromium chromium-driver` (Debian/Ubuntu)"
+INSTALL_SELENIUM = "selenium is not installed in this environment: `pip install selenium==4.51.0` (the dev extra's pin)"
 # headless, and nothing that reaches the network on its own (updates, sync, QUIC probes)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                   "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync")
@@ -46,11 +46,13 @@ SCROLLER = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"  # th
 
 
 def missing() -> str | None:
-    """What is missing to drive a browser here (INSTALL), or None when Chromium, its driver and selenium are there."""
+    """What is missing to drive a browser here, with how to install it; None when Chromium, its driver and selenium
+    are there."""
     import importlib.util
 
-    have = CHROMIUM.is_file() and CHROMEDRIVER.exists() and importlib.util.find_spec("selenium") is not None
-    return None if have else INSTALL
+    if not (CHROMIUM.is_file() and CHROMEDRIVER.exists()):
+        return INSTALL_BROWSER
+    return None if importlib.util.find_spec("selenium") is not None else INSTALL_SELENIUM
 
 
 def free_port() -> int:
@@ -82,11 +84,13 @@ class LabServer:
         with self.log.open("w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workspace)
 
-    def api(self, path: str) -> Any:
-        """GET one of the server's REST endpoints (``/api/sessions``), as JSON."""
-        request = urllib.request.Request(f"{self.base}{path}", headers={"Authorization": f"token {self.token}"})
+    def api(self, path: str, method: str = "GET") -> Any:
+        """One of the server's REST endpoints (``/api/sessions``): its JSON answer (None when it has no body)."""
+        request = urllib.request.Request(f"{self.base}{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=10) as answer:
-            return json.load(answer)
+            body = answer.read()
+        return json.loads(body) if body else None
 
     @property
     def base(self) -> str:
@@ -114,6 +118,13 @@ class LabServer:
             if session.get("path") == notebook and session.get("kernel"):
                 return session["kernel"].get("execution_state")
         return None
+
+    def remove(self, notebook: str) -> None:
+        """Shut down ``notebook``'s kernel and delete the file (REST API), as if it had never been there."""
+        for session in self.api("/api/sessions"):
+            if session.get("path") == notebook:
+                self.api(f"/api/sessions/{session['id']}", method="DELETE")
+        self.api(f"/api/contents/{notebook}", method="DELETE")
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of JupyterLab's log, the token replaced."""
@@ -153,15 +164,11 @@ class LabPage:
         """Open ``notebook`` as an attendee does (the lab's address the first time, then a double click in the file
         browser: no reload re-renders the notebooks open before) and wait until it shows with an idle kernel."""
         from selenium.webdriver.common.action_chains import ActionChains
-        from selenium.webdriver.common.by import By
 
         if not self.driver.current_url.startswith(self.server.base):
             self.driver.get(self.server.url(notebook))
         else:
-            names = [e for e in self.driver.find_elements(By.CSS_SELECTOR, ".jp-DirListing-itemText")
-                     if e.text.strip() == notebook]
-            assert names, f"no {notebook} in the lab's file browser"
-            ActionChains(self.driver).double_click(names[0]).perform()
+            ActionChains(self.driver).double_click(self.listed(notebook)).perform()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             current = self.js(CURRENT_NOTEBOOK)
@@ -186,6 +193,34 @@ class LabPage:
                 return
             time.sleep(0.2)
         raise AssertionError(f"no item {item!r} in the {top!r} menu")
+
+    def listed(self, name: str, timeout_s: float = 15) -> Any:
+        """``name``'s entry in the file browser (waits while the listing redraws)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.js("return Array.from(document.querySelectorAll('.jp-DirListing-itemText'))"
+                            ".find(e => e.textContent.trim() === arguments[0]) || null", name)
+            if found is not None:
+                return found
+            time.sleep(0.5)
+        raise AssertionError(f"no {name} in the lab's file browser within {timeout_s:g} s")
+
+    def forget(self, notebook: str) -> None:
+        """File > Close Tab on ``notebook`` (saved: no question asked), its kernel and file removed, the file browser
+        refreshed: the lab as if it had never been there."""
+        from selenium.webdriver.common.by import By
+
+        assert self.js(CURRENT_NOTEBOOK).strip() == notebook, f"{notebook} is not the current tab"
+        self.menu("File", "Close Tab")
+        self.server.remove(notebook)
+        for button in self.driver.find_elements(By.CSS_SELECTOR, '[data-command="filebrowser:refresh"]'):
+            if button.is_displayed():
+                button.click()
+        deadline = time.monotonic() + 15
+        while self.js("return Array.from(document.querySelectorAll('.jp-DirListing-itemText'))"
+                      ".some(e => e.textContent.trim() === arguments[0])", notebook):
+            assert time.monotonic() < deadline, f"{notebook} still in the file browser 15 s after it was deleted"
+            time.sleep(0.5)
 
     def cell_prompts(self) -> list[str]:
         """The input prompt of every code cell of the visible notebook: ``[3]:`` ran, ``[*]:`` runs or waits."""

@@ -7,7 +7,7 @@
   console, and show what ``MUST_RENDER`` lists for it; then ``INTERACTIONS`` do what an attendee does (02: change the
   explorer's weight dtype, and its figure must redraw).
 - A first notebook made to fail (a raised error, a stderr line, a console error) checks that these checks see
-  each of them.
+  each of them; it is then closed and deleted, so the screenshots show the lab an attendee has.
 - Screenshots, top to bottom, go into the test's folder and into build/browser/ for a developer to look at.
 
 Chromium missing: in CI (``CI`` set) the tests fail; elsewhere they skip with the line that installs it.
@@ -160,6 +160,7 @@ def run_in_browser(page: LabPage, notebook: str) -> float:
 def test_the_checks_see_a_raised_error_a_stderr_line_and_a_console_error(page):
     run_in_browser(page, PROBE)
     seen = look(page, PROBE, [])
+    page.forget(PROBE)  # gone before the notebooks run: their screenshots show the lab an attendee has
     assert seen.errors == ["cell 2: ZeroDivisionError: division by zero"], seen.errors
     assert any("probe on stderr" in text for text in seen.stderr), seen.stderr
     assert any("probe in the console" in message for message in seen.console), seen.console
