@@ -64,6 +64,7 @@ def test_the_notebook_pods_contract_and_a_flag_change_as_a_recreate_rollout(name
     change = change_one_flag(engine, "--max-num-seqs", 16, show=lambda _: None)  # kubectl diff, apply, rollout
     assert "-        - '8'\n+        - '16'" in change.diff and change.rollout[-1].endswith("successfully rolled out")
     assert flag_value(engine.config().args, "--max-num-seqs") == "16" and double.pod_starts(namespace) == 3
+    assert [r.change for r in engine.restarts] == ["--max-num-seqs 32 -> 8", "--max-num-seqs 8 -> 16 (kubectl apply)"]
     assert double.served_models(namespace) == ["Qwen/Qwen3-4B"] * 3
     engine.stop()
     assert double._read(namespace)["pod"] is None and "no pod" in engine.logs()

@@ -286,11 +286,14 @@ class KubernetesEngine(Engine):
             outcome = "ready"
         finally:
             if self._rolled:  # a patch the API server refused restarted nothing
-                restart = Restart(started, change, round(time.monotonic() - clock, 1), outcome)
-                self.restarts.append(restart)
-                log = os.environ.get(RESTART_LOG_ENV)
-                if log:
-                    record(log, restart)
+                self.count_restart(Restart(started, change, round(time.monotonic() - clock, 1), outcome))
+
+    def count_restart(self, restart: Restart) -> None:
+        """Count one rollout (also one made with kubectl apply, helpers/engine/k8s_change.py)."""
+        self.restarts.append(restart)
+        log = os.environ.get(RESTART_LOG_ENV)
+        if log:
+            record(log, restart)
 
     def _refuse_undownloaded(self, config: EngineConfig, before: EngineConfig) -> None:
         """A hub id the room's download does not fetch cannot start (the engine runs offline): say so, change nothing."""

@@ -183,7 +183,7 @@ def _change_on_cluster(engine: KubernetesEngine, flag: str, value: Any, before: 
 
 def _roll_out_with_kubectl(engine: KubernetesEngine, change: ManifestChange, show: Callable[[str], None]) -> ManifestChange:
     """kubectl diff, apply and rollout status of a prepared ``change``, then wait until the model is served."""
-    from helpers.engine.interface import GPU_START_TIMEOUT_S, EngineStartError, NotServing
+    from helpers.engine.interface import EngineStartError
 
     commands, after = change.commands, change.after
     diff = subprocess.run(commands["diff"], capture_output=True, text=True, check=False)
@@ -194,6 +194,23 @@ def _roll_out_with_kubectl(engine: KubernetesEngine, change: ManifestChange, sho
     if applied.returncode != 0:
         raise EngineStartError(f"kubectl apply failed: {applied.stderr.strip()}. Nothing was rolled out.")
     show(applied.stdout.strip())
+    started, clock, outcome = time.time(), time.monotonic(), "failed"
+    try:
+        _follow_rollout(engine, change, show)
+        outcome = "ready"
+    finally:  # a rollout made with kubectl apply is a restart too (the restart table)
+        from helpers.core.restarts import Restart
+
+        engine.count_restart(Restart(started, f"{describe_change(change.before, after)} (kubectl apply)",
+                                     round(time.monotonic() - clock, 1), outcome))
+    return change
+
+
+def _follow_rollout(engine: KubernetesEngine, change: ManifestChange, show: Callable[[str], None]) -> None:
+    """kubectl rollout status, line by line, then wait until the engine serves the changed configuration."""
+    from helpers.engine.interface import GPU_START_TIMEOUT_S, EngineStartError, NotServing
+
+    commands, after = change.commands, change.after
     with subprocess.Popen(commands["rollout"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout or []:  # one line per rollout step, as it happens
             change.rollout.append(line.rstrip())
@@ -206,4 +223,3 @@ def _roll_out_with_kubectl(engine: KubernetesEngine, change: ManifestChange, sho
     except NotServing as err:
         raise EngineStartError(f"rolled out, but the engine does not serve yet: {err.reason}") from None
     engine.adopt(after)
-    return change
