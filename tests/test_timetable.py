@@ -153,11 +153,11 @@ def test_the_cells_of_an_executed_notebook_are_kept_with_their_seconds_and_param
     assert [c["seconds"] for c in kept["cells"]] == [0.25, 0.01, 2.5] and kept["seconds"] == 2.76
     assert kept["cells"][2] == {"index": 3, "seconds": 2.5, "section": "1. Load", "first_line": "run(REPEATS)"}
     assert kept["parameters"] == "REPEATS = 1" and kept["test"] == "tests/test_x.py::t"
-    (tmp_path / "cells").mkdir()
-    (tmp_path / "cells" / "99.json").write_text(json.dumps(kept))
-    (tmp_path / "cells" / "broken.json").write_text("{")
+    (tmp_path / "cells" / "test_x").mkdir(parents=True)
+    (tmp_path / "cells" / "test_x" / "99.json").write_text(json.dumps(kept))
+    (tmp_path / "cells" / "test_x" / "broken.json").write_text("{")
     table = timetable.merge([], "AMX", 1.0) | {"notebooks": timetable.notebook_summaries(tmp_path / "cells")}
-    assert "| 99_not_a_workshop_notebook.ipynb | 2.8 | 3: 1. Load | 2.5 | REPEATS = 1 |" in timetable.markdown(table)
+    assert "| 99_not_a_workshop_notebook.ipynb | t | 2.8 | 3: 1. Load | 2.5 | REPEATS = 1 |" in timetable.markdown(table)
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), path)
     assert timetable.notebook_cells(path, "t") is None  # no timing: nothing to keep
 

@@ -5,7 +5,7 @@ Every pytest run writes, under ``build/``:
 - ``test-times.json`` and ``test-times.md``: per test file, the seconds its tests took (setup, call and teardown,
   on the worker that ran them), how many tests and failures, the real vLLM starts it made and their seconds (from
   the engine's own start records, ``helpers.engine.local.recorded_start``), and per area the time against its budget.
-- ``notebook-cells/<notebook>.json``: for each workshop notebook a test executed, the seconds of every cell
+- ``notebook-cells/<test file>/<notebook>.json``: for each workshop notebook a test executed, the seconds of every cell
   (nbclient's timing), the parameters injected and the test that ran it, to choose CI parameters by measurement.
 
 ``make test`` runs pytest twice (the tests without an engine on both cores, then the engine tests one at a time)
@@ -210,21 +210,21 @@ def markdown(table: dict[str, Any]) -> str:
     if unmarked:
         lines += ["", "Tests that started a real vLLM without the engine marker: " + ", ".join(unmarked)]
     if table.get("notebooks"):
-        lines += ["", "Notebook cells (build/notebook-cells/, the latest run of each):", "",
-                  "| notebook | cells s | slowest cell | its s | parameters injected | recorded |",
-                  "|---|---:|---|---:|---|---|"]
+        lines += ["", "Notebook cells (build/notebook-cells/, the latest run of each by each test file):", "",
+                  "| notebook | test | cells s | slowest cell | its s | parameters injected | recorded |",
+                  "|---|---|---:|---|---:|---|---|"]
         for nb in table["notebooks"]:
             slow = max(nb["cells"], key=lambda c: c["seconds"])
             params = " ".join(line for line in nb["parameters"].splitlines() if not line.startswith("#")) or "(none)"
-            lines.append(f"| {nb['notebook']} | {nb['seconds']:,.1f} | {slow['index']}: {slow['section'][:40]} | "
+            lines.append(f"| {nb['notebook']} | {nb['test'].split('::')[-1][:50]} | {nb['seconds']:,.1f} | {slow['index']}: {slow['section'][:40]} | "
                          f"{slow['seconds']:,.1f} | {params[:80]} | {nb['recorded_at']} |")
     return "\n".join(lines) + "\n"
 
 
 def notebook_summaries(folder: Path) -> list[dict[str, Any]]:
-    """The per-cell records kept in ``folder`` (build/notebook-cells/), by notebook name."""
+    """The per-cell records kept in ``folder`` (build/notebook-cells/<test file>/<notebook>.json), by test file."""
     out = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob("*/*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -310,7 +310,8 @@ class TimeTable:
             if (NOTEBOOK_DIR / executed.name).exists() and executed.stat().st_mtime >= began:
                 cells = notebook_cells(executed, nodeid)
                 if cells:
-                    _write(BUILD / "notebook-cells" / f"{executed.stem}.json", json.dumps(cells, indent=1) + "\n")
+                    folder = BUILD / "notebook-cells" / Path(nodeid.split("::", 1)[0]).stem  # the local or cluster path
+                    _write(folder / f"{executed.stem}.json", json.dumps(cells, indent=1) + "\n")
 
     # ---- the controller (or the only process)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
