@@ -32,7 +32,7 @@ from helpers.cluster.overlays import render
 from helpers.core.restarts import RESTART_LOG_ENV, RestartRow, decode_rows
 from helpers.core.restarts import table_lines as restart_table
 from helpers.core.settings import load_settings, models_dir
-from helpers.core.vllm_args import cpu_translation_table, flag_value
+from helpers.core.vllm_args import cpu_translation_table, flag_value, flags
 from helpers.engine.interface import EngineError, EngineStartError
 from helpers.engine.k8s import KubernetesEngine
 from helpers.engine.session import Lab, connect
@@ -218,9 +218,10 @@ def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) ->
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     lab = _lab()
     left = lab.engine.config()
-    if left.args != tuple(room.baseline[4:]) or left.served_name != "Qwen/Qwen3-4B":  # the next test starts clean
+    provisioned = ("Qwen/Qwen3-4B", flags(room.baseline[4:]))  # flags in any order
+    if (left.served_name, flags(left.args)) != provisioned:  # the next test starts on the provisioned configuration
         lab.engine.apply(replace(left, model="Qwen/Qwen3-4B", served_name="Qwen/Qwen3-4B", args=tuple(room.baseline[4:])))
-    assert (left.served_name, left.args) == ("Qwen/Qwen3-4B", tuple(room.baseline[4:])), (
+    assert (left.served_name, flags(left.args)) == provisioned, (
         f"{name} left the engine on {' '.join(left.args)}, not the provisioned {' '.join(room.baseline[4:])}")
     assert _generates(lab)
     return text
