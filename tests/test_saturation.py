@@ -255,6 +255,22 @@ def test_a_cap_sweep_puts_the_engine_back_on_its_flags_stopped_midway_or_not(mon
     assert cap is None and engine.restarts == [8, None]  # back to the flag it started with
 
 
+def test_two_sweeps_with_one_restart_fewer_end_on_the_flag_the_first_started_from(monkeypatch):
+    from types import SimpleNamespace
+
+    from helpers.measure import loadgen
+
+    monkeypatch.setattr(loadgen, "run_sweep", lambda settings, workload, concurrencies, **kwargs: ["run"])
+    monkeypatch.setattr(saturation, "analyze_results", lambda results, max_num_seqs: ("analysis", results))
+    for provisioned in (None, "32"):  # the CPU lab's default, a cluster Deployment's provisioned cap
+        engine = _FlagEngine(["--max-model-len", "4096"] + (["--max-num-seqs", provisioned] if provisioned else []))
+        lab = SimpleNamespace(engine=engine, settings=None)
+        baseline = saturation.current_cap(lab)
+        saturation.run_cap_sweep(lab, 4, [1, 8], workload=None, restore=False)
+        saturation.run_cap_sweep(lab, 64, [1, 8], workload=None, restore_to=baseline)
+        assert saturation.current_cap(lab) == provisioned and engine.restarts == [4, 64, provisioned]
+
+
 def test_a_cap_sweep_told_not_to_restore_stays_on_its_cap_unless_stopped_midway(monkeypatch):
     engine, cap = _cap_sweep(monkeypatch, fail_at=None, restore=False)
     assert cap == "8" and engine.restarts == [8]  # the next sweep sets its own cap: one restart fewer

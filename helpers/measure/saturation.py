@@ -195,21 +195,34 @@ def relative_slos(c1: dict[str, Any], ttft_x: float, tpot_x: float) -> dict[str,
     return {"ttft": round(ttft_x * ttft, 1), "tpot": round(tpot_x * tpot, 2)}
 
 
+START = object()  # run_cap_sweep's restore_to: the value the engine had when the sweep started
+
+
+def current_cap(lab: Lab) -> str | None:
+    """The engine's ``--max-num-seqs`` now (None: vLLM's default), to put it back on after sweeps."""
+    from helpers.core.vllm_args import flag_value
+
+    value = flag_value(lab.engine.args(), "--max-num-seqs")
+    return None if value is None or isinstance(value, bool) else value
+
+
 def run_cap_sweep(lab: Lab, cap: int | None, concurrencies: Sequence[int], workload: Any, requests_per_user: int = 2,
-                  min_requests: int = 8, sample_interval_s: float = 0.25,
-                  restore: bool = True) -> tuple[list[Any], SweepAnalysis]:
+                  min_requests: int = 8, sample_interval_s: float = 0.25, restore: bool = True,
+                  restore_to: str | None | object = START) -> tuple[list[Any], SweepAnalysis]:
     """Restart on ``--max-num-seqs cap``, run one closed-loop load per concurrency with the server's gauges
     sampled (a bar counts the concurrencies, beside each run's bar of requests), and analyze the sweep.
     Returns the load results and the analysis. The engine goes back to the flag it started with, in a
     ``finally``: a sweep stopped midway does not leave it on the cap. ``restore=False`` leaves it on the cap
     after a sweep that finished, for a next sweep that sets its own (one restart fewer: on a GPU each is a
-    minute or more); a sweep stopped midway still puts it back."""
+    minute or more); a sweep stopped midway still puts it back. That next sweep is given the first one's
+    starting value (``current_cap`` before the first) as ``restore_to``, so it goes back there, not to the
+    first sweep's cap."""
     from helpers.measure.loadgen import run_sweep
     from helpers.measure.workloads import Load
     from helpers.core.progress import steps
     from helpers.core.vllm_args import flag_value
 
-    start = flag_value(lab.engine.args(), "--max-num-seqs")
+    start = current_cap(lab) if restore_to is START else restore_to
     lab.engine.set_flag("--max-num-seqs", cap)
     results: list[Any] = []
     finished = False
