@@ -9,7 +9,7 @@ import pytest
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE
 from helpers.lessons.l06 import (BASELINE, TALK_EXAMPLE, arithmetic_sentence, arithmetic_table, batching_conclusion,
                                  cost_conclusion, cost_table, gpu_beside_cpu, lossless_sampler, lossless_tests,
-                                 permutation_test, run_methods, speedups, step_arithmetic)
+                                 permutation_test, run_methods, speedups, step_arithmetic, talk_speedups)
 from helpers.lessons.l06.lossless import (FIXED_SAMPLE, SAMPLE_NAMES, format_p, lossless_conclusion,
                                          lossless_pair)
 from helpers.planning.acceptance import expected_accepted_length, first_guess_acceptance, speculative_speedup
@@ -259,3 +259,19 @@ def test_the_first_round_hook_runs_once_per_method_while_its_engine_is_up(monkey
     frame, _ = run_methods(SimpleNamespace(engine=engine), {BASELINE: None, ALIGNED: "{}"}, [1], None, repeats=2,
                            first_round=lambda name: seen.append((name, flags["--speculative-config"])))
     assert seen == [(BASELINE, None), (ALIGNED, "{}")] and len(frame) == 4 and flags["--speculative-config"] is None
+
+
+@pytest.mark.parametrize("example", [TALK_EXAMPLE, {"target_step_ms": 10.0, "draft_ms_per_guess": 1.0, "k": 3,
+                                                     "verify_ms": 12.0}])
+def test_the_three_readings_of_one_example_each_follow_from_its_numbers(example):
+    (k_only, _), (with_own, _), (draft_only, why) = talk_speedups(**example)
+    t, d, k, v = example["target_step_ms"], example["draft_ms_per_guess"], example["k"], example["verify_ms"]
+    assert k_only == pytest.approx(k * t / (k * d + v)) and with_own == pytest.approx((k + 1) * t / (k * d + v))
+    c_width = ((k * d + v) / t - 1) / k  # c carrying the verification's extra width gives the second reading
+    assert (k + 1) / (1 + k * c_width) == pytest.approx(with_own)
+    assert draft_only == pytest.approx((k + 1) / (1 + k * d / t)) and f"not {v:.0f} ms" in why
+    assert k_only < with_own < draft_only  # a verification dearer than a plain step: the draft-only c flatters
+
+
+def test_the_talks_example_reads_as_the_three_figures_it_was_quoted_with():
+    assert [round(x, 2) for x, _ in talk_speedups(**TALK_EXAMPLE)] == [1.78, 2.22, 2.5]

@@ -17,7 +17,8 @@ from helpers.evals.suite import compare
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.lessons.l06.cost import (PUBLISHED_GPU, TALK_EXAMPLE, arithmetic_sentence, arithmetic_table,
-                                      batching_conclusion, cost_conclusion, cost_table, gpu_beside_cpu, step_arithmetic)
+                                      batching_conclusion, cost_conclusion, cost_table, gpu_beside_cpu, step_arithmetic,
+                                      talk_speedups)
 from helpers.lessons.l06.lossless import (FIXED_SAMPLE, format_p, lossless_pair, lossless_sampler, lossless_tests,
                                           permutation_test, sample_continuations, samples_summary)
 from helpers.lessons.l06.methods import (METHODS, copied_text_lookup, draft_methods, installed_spec_methods,
@@ -34,7 +35,7 @@ from helpers.planning.acceptance import expected_length_table, more_guesses
 __all__ = [
     # this notebook's own, from the modules of this package
     "PUBLISHED_GPU", "TALK_EXAMPLE", "arithmetic_sentence", "arithmetic_table", "batching_conclusion",
-    "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "FIXED_SAMPLE", "format_p", "lossless_pair",
+    "cost_conclusion", "cost_table", "gpu_beside_cpu", "step_arithmetic", "talk_speedups", "FIXED_SAMPLE", "format_p", "lossless_pair",
     "lossless_sampler", "lossless_tests",
     "permutation_test", "sample_continuations", "samples_summary", "METHODS", "copied_text_lookup",
     "installed_spec_methods", "draft_methods", "lookup_outcome", "method_map", "prompt_lookup_length", "spec_config",

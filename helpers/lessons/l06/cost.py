@@ -40,6 +40,25 @@ def step_arithmetic(target_step_ms: float, draft_ms_per_guess: float, k: int, ve
             "speedup_if_all_accepted": plain / speculative}
 
 
+def talk_speedups(target_step_ms: float, draft_ms_per_guess: float, k: int, verify_ms: float) -> list[tuple[float, str]]:
+    """The three speed-ups (x) one all-accepted example can be read as, each with what it assumes: k guesses
+    against k plain steps; k + 1 tokens (the target's own one counted); and E / (1 + k c) with c the draft's time
+    alone, which prices the verification as a plain step. With c carrying the verification's extra width,
+    c = (speculative step / target step - 1) / k, the formula gives the second reading exactly."""
+    speculative = k * draft_ms_per_guess + verify_ms
+    c_draft = draft_ms_per_guess / target_step_ms
+    c_width = (speculative / target_step_ms - 1) / k
+    return [
+        (k * target_step_ms / speculative, f"{k} guesses against {k} plain steps, the target's own extra token left out"),
+        ((k + 1) * target_step_ms / speculative,
+         f"{k + 1} tokens per speculative step (the target's own one counted) = E / (1 + k c) with E = {k + 1} and "
+         f"c = {c_width:.4f}, the verification's extra {verify_ms - target_step_ms:.0f} ms counted in c"),
+        ((k + 1) / (1 + k * c_draft),
+         f"E / (1 + k c) with c = {draft_ms_per_guess:.0f} / {target_step_ms:.0f} = {c_draft:.2f}, the draft alone: "
+         f"the verification priced as one {target_step_ms:.0f} ms step, not {verify_ms:.0f} ms"),
+    ]
+
+
 def arithmetic_table(baseline_tpot_ms: float | None, c: float | None, k: int) -> pd.DataFrame:
     """The talk's example and the same arithmetic with this run's target step (the baseline's TPOT, ms) and
     measured cost per guess ``c`` (the verification counted as one step: c carries its extra width)."""
