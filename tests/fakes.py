@@ -1,6 +1,7 @@
 """What several test files share: an engine that keeps its configuration in memory, an environment of its own for
 a test's real engine, a port some other program holds, and a recorded stream. (Fake servers live in fake_vllm.py and
-fake_engine_server.py, a fake kubectl in fixtures/fake_kubectl.py, fake package indexes in fake_index.py.)"""
+fake_engine_server.py, a fake kubectl in fixtures/fake_kubectl.py, fake package indexes in fake_index.py.) Also
+a scripted chat completion (``reply``, with ``ToolCall``s) as the openai client returns it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 from helpers.core.settings import CONTRACT_VARIABLES
 from helpers.core.vllm_args import EngineConfig
@@ -81,3 +83,18 @@ def fake_kubectl_on_path(tmp_path: Path, monkeypatch, state_path: Path) -> None:
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state_path))
+
+
+class ToolCall(SimpleNamespace):
+    """A tool call of a scripted reply: ``ToolCall(id=..., function=SimpleNamespace(name=..., arguments=...))``."""
+
+    def model_dump(self, include=None):
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.function.name, "arguments": self.function.arguments}}
+
+
+def reply(content=None, calls=(), prompt_tokens=100, completion_tokens=10, finish_reason="stop"):
+    """A chat completion as the openai client returns it: one choice with its message, and the usage."""
+    message = SimpleNamespace(content=content, tool_calls=list(calls) or None)
+    return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason=finish_reason)],
+                           usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))

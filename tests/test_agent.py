@@ -4,19 +4,8 @@ at the answer, one trace row per model call (the loop against the real engine: t
 import json
 from types import SimpleNamespace
 
+from fakes import ToolCall, reply
 from helpers.evals.agent import run_agent
-
-
-class ToolCall(SimpleNamespace):
-    def model_dump(self, include=None):
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.function.name, "arguments": self.function.arguments}}
-
-
-def reply(content=None, calls=(), prompt_tokens=100, completion_tokens=10):
-    message = SimpleNamespace(content=content, tool_calls=list(calls) or None)
-    return SimpleNamespace(choices=[SimpleNamespace(message=message)],
-                           usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
 
 
 class ScriptedLab:

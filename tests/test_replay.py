@@ -21,16 +21,7 @@ from helpers.measure import replay as rp
 
 # ---------------------------------------------------------------- a scripted agent to record
 
-class ToolCall(SimpleNamespace):
-    def model_dump(self, include=None):
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.function.name, "arguments": self.function.arguments}}
-
-
-def reply(content=None, calls=(), prompt_tokens=100, completion_tokens=10):
-    message = SimpleNamespace(content=content, tool_calls=list(calls) or None)
-    return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")],
-                           usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+from fakes import ToolCall, reply
 
 
 class ScriptedLab:

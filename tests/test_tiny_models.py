@@ -33,3 +33,11 @@ def test_shipped_siblings_share_the_agents_tokenizer_and_vocabulary(name):
 def test_an_unknown_kind_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown model kind"):
         build_sibling("eagle", tmp_path, 1, MODELS / "tiny-agent")
+
+
+def test_a_training_batch_pads_ids_with_the_pad_token_and_masks_labels_where_padded():
+    from helpers.tiny.build import pad_batch
+
+    ids, mask, labels = pad_batch([([5, 6, 7], [-100, 6, 7]), ([8], [8])], pad=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert labels.tolist() == [[-100, 6, 7], [8, -100, -100]]

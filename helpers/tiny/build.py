@@ -129,8 +129,6 @@ def batches(tok, seed: int, batch_size: int, pool: int = 8, augment: bool = Fals
     """
     import random
 
-    import torch
-
     pad = tok.token_to_id(cf.EOT)
     stream = corpus.training_conversations(seed, augment=augment)
     order = random.Random(seed + 1)
@@ -140,15 +138,22 @@ def batches(tok, seed: int, batch_size: int, pool: int = 8, augment: bool = Fals
         groups = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
         order.shuffle(groups)
         for group in groups:
-            width = max(len(ids) for ids, _ in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long)
-            labels = torch.full((len(group), width), -100, dtype=torch.long)
-            mask = torch.zeros((len(group), width), dtype=torch.long)
-            for i, (row_ids, row_labels) in enumerate(group):
-                ids[i, : len(row_ids)] = torch.tensor(row_ids)
-                labels[i, : len(row_labels)] = torch.tensor(row_labels)
-                mask[i, : len(row_ids)] = 1
-            yield ids, mask, labels
+            yield pad_batch(group, pad)
+
+
+def pad_batch(group: list[tuple[list[int], list[int]]], pad: int):
+    """One batch of (ids, labels) rows as right-padded tensors: ids, attention mask, labels (-100 where padded)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in group)
+    ids = torch.full((len(group), width), pad, dtype=torch.long)
+    labels = torch.full((len(group), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(group), width), dtype=torch.long)
+    for i, (row_ids, row_labels) in enumerate(group):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+        mask[i, : len(row_ids)] = 1
+    return ids, mask, labels
 
 
 def first_call_exact_rate(model, tok, examples: list[corpus.Example]) -> float:

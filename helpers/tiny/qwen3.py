@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from helpers.tiny import corpus
-from helpers.tiny.build import ModelShape, _save_model, model_config
+from helpers.tiny.build import ModelShape, _save_model, model_config, pad_batch
 from helpers.tiny.tools import TOOLS, city_catalog
 
 MODEL = "tiny-qwen3"
@@ -196,8 +196,6 @@ def tools_prefix_ids(fast) -> list[int]:
 
 def batches(fast, seed: int, batch_size: int, pool: int = 6, augment: bool = False):
     """(prefix_len, input_ids, attention_mask, labels): rows of one kind (all with tools or none), prefix cut off."""
-    import torch
-
     pad = fast.convert_tokens_to_ids(EOT)
     prefix = tools_prefix_ids(fast)
     stream = examples(fast, seed, augment)
@@ -215,15 +213,7 @@ def batches(fast, seed: int, batch_size: int, pool: int = 6, augment: bool = Fal
             groups += [(with_tools, kind_rows[i: i + batch_size]) for i in range(0, len(kind_rows), batch_size)]
         order.shuffle(groups)
         for with_tools, group in groups:
-            width = max(len(ids) for ids, _ in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long)
-            labels = torch.full((len(group), width), -100, dtype=torch.long)
-            mask = torch.zeros((len(group), width), dtype=torch.long)
-            for i, (row_ids, row_labels) in enumerate(group):
-                ids[i, : len(row_ids)] = torch.tensor(row_ids)
-                labels[i, : len(row_labels)] = torch.tensor(row_labels)
-                mask[i, : len(row_ids)] = 1
-            yield (len(prefix) if with_tools else 0), ids, mask, labels
+            yield ((len(prefix) if with_tools else 0), *pad_batch(group, pad))
 
 
 def batch_loss(model, prefix: list[int], prefix_len: int, ids, mask, labels):
