@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fakes import engine_environment
+from helpers.core.lesson import CI_PREDICTION_ENV
 from helpers.core.settings import CONTRACT_VARIABLES, load_settings
 from timetable import TimeTable
 
@@ -30,6 +31,8 @@ def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.delenv(name, raising=False)
     if "WORKSHOP_STATE_DIR" not in os.environ:
         monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    # The test run makes every exercise's prediction (the first choice), so each notebook shows its outcome.
+    monkeypatch.setenv(CI_PREDICTION_ENV, os.environ.get(CI_PREDICTION_ENV) or "first")
 
 
 class SharedEngine:

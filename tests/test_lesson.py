@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
-from helpers.core.lesson import (NOT_SEEN, SEEN, UNDECIDED, check_prediction, ratio_outcome, should_see, should_see_conclusion,
-                                 show_conclusions)
+from helpers.core.lesson import (CI_PREDICTION_ENV, NOT_SEEN, SEEN, UNDECIDED, check_exercise, check_prediction,
+                                 ratio_outcome, should_see, should_see_conclusion, show_conclusions)
 
 
 @pytest.mark.parametrize("seen, outcome", [(True, SEEN), (np.bool_(False), NOT_SEEN), (None, UNDECIDED),
@@ -46,13 +46,51 @@ def test_a_prediction_is_checked_against_the_run(capsys):
     assert "right." in capsys.readouterr().out
 
 
-def test_no_prediction_and_an_unknown_one_say_what_to_do(capsys):
-    choices = ["lower", "higher"]
-    none = check_prediction(None, "lower", choices)
-    typo = check_prediction("hihger", "lower", choices)
+def test_no_prediction_asks_for_one_and_shows_no_answer(capsys, monkeypatch):
+    monkeypatch.delenv(CI_PREDICTION_ENV, raising=False)
+    none = check_prediction(None, "lower", ["lower", "higher"], "TTFT 0.4x")
     out = capsys.readouterr().out
-    assert none.right is None and typo.right is None
-    assert "set MY_PREDICTION before running" in out and "not one of the choices" in out and "lower, higher" in out
+    assert none.right is None and "Your turn: set MY_PREDICTION" in out
+    assert "lower" not in out and "0.4x" not in out and "This run" not in out  # nothing of the answer
+
+
+def test_an_unknown_prediction_says_what_to_do(capsys, monkeypatch):
+    monkeypatch.delenv(CI_PREDICTION_ENV, raising=False)
+    typo = check_prediction("hihger", "lower", ["lower", "higher"])
+    out = capsys.readouterr().out
+    assert typo.right is None and "not one of the choices" in out and "lower, higher" in out
+
+
+@pytest.mark.parametrize("value, made", [("first", "lower"), ("last", "higher"), ("1", "higher")])
+def test_a_test_run_makes_the_prediction_and_says_so(capsys, monkeypatch, value, made):
+    monkeypatch.setenv(CI_PREDICTION_ENV, value)
+    result = check_prediction(None, "lower", ["lower", "higher"])
+    out = capsys.readouterr().out
+    assert result.prediction == made and result.right is (made == "lower")
+    assert "(made by the test run)" in out and "This run: lower." in out
+    assert check_prediction("higher", "lower", ["lower", "higher"], show=False).by == ""  # the attendee's own wins
+
+
+def test_a_ci_prediction_that_is_no_choice_is_refused(monkeypatch):
+    monkeypatch.setenv(CI_PREDICTION_ENV, "middle")
+    with pytest.raises(ValueError, match="first, last or a choice's index"):
+        check_prediction(None, "a", ["a", "b"])
+
+
+def _tpot_check(answer):
+    return None if abs(answer - 0.02) < 1e-9 else f"{answer} s is not (1.5 s - 0.5 s) / 50 tokens."
+
+
+def test_a_code_exercise_not_answered_prints_the_hint_and_does_not_fail(capsys):
+    result = check_exercise("TPOT", None, _tpot_check, "decode time over decoded tokens")
+    assert not result.answered and "replace the None" in capsys.readouterr().out
+
+
+def test_a_code_exercise_right_passes_and_wrong_fails_with_what_is_wrong(capsys):
+    assert check_exercise("TPOT", 1.0 / 50, _tpot_check, "h", explain="20 ms").answered
+    assert "✔ TPOT: right. 20 ms" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"TPOT: 0\.03 s is not .* Hint: decode time"):
+        check_exercise("TPOT", 0.03, _tpot_check, "decode time over decoded tokens")
 
 
 def test_an_outcome_outside_the_choices_is_a_programming_error():

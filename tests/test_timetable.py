@@ -33,7 +33,8 @@ def _start(began, seconds=20.0, server=timetable.VLLM_SERVER):
 
 
 def test_an_area_comes_from_the_table_else_from_the_engine_marker():
-    assert timetable.area_of("tests/test_engine_integration.py", True) == "notebooks, local path"
+    assert timetable.area_of("tests/test_nb03_local.py", True) == "notebooks, local path"
+    assert timetable.area_of("tests/test_engine_integration.py", True) == "engine"
     assert timetable.area_of("tests/test_k8s_path_notebooks.py", False) == "notebooks, cluster path"
     assert timetable.area_of("tests/test_dashboard_prometheus.py", True) == "Prometheus"
     assert timetable.area_of("tests/test_speculative_seeded_pair.py", True) == "engine"  # a file nobody listed
@@ -78,7 +79,7 @@ def _row(area, seconds, starts=0, start_s=0.0):
 def test_the_parts_of_a_suite_merge_into_one_table_that_names_the_area_over_budget():
     unit = _part("not engine", 1.0, 100.0, {"tests/test_u.py": _row("unit", 90.0)})
     engine = _part("engine", 2.0, 900.0, {"tests/test_e.py": _row("engine", 500.0, 3, 60.0),
-                                          "tests/test_engine_integration.py": _row("notebooks, local path", 300.0, 1, 20.0)})
+                                          "tests/test_nb03_local.py": _row("notebooks, local path", 300.0, 1, 20.0)})
     table = timetable.merge([engine, unit], "AMX", 1.0)
     assert [r["args"] for r in table["runs"]] == [["-m", "not engine"], ["-m", "engine"]]
     assert table["wall_s"] == 1000.0 and table["engine_starts"] == 4 and table["engine_start_s"] == 80.0

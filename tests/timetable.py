@@ -36,7 +36,7 @@ OLD_PARTS_S = 24 * 3600  # parts of suites older than a day are removed
 # The area of a test file, by name (fnmatch patterns, first match wins); a file not named here is "engine" when
 # one of its tests carries the engine marker, "unit" otherwise.
 AREAS_BY_FILE = (
-    ("test_engine_integration.py", "notebooks, local path"),  # the notebooks against the local engine (and a few reads)
+    ("test_nb*_local.py", "notebooks, local path"),  # the notebooks against the local engine, one file each
     ("test_k8s_path_notebooks.py", "notebooks, cluster path"),
     ("*prometheus*", "Prometheus"),
     ("*browser*", "browser"),

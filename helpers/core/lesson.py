@@ -1,14 +1,19 @@
-"""A lesson's scaffolding in the notebook: "what you should see" checks on this run's numbers, and the
-"try it yourself" exercises that ask for a prediction first and then check it against the run.
+"""A lesson's scaffolding in the notebook: "what you should see" checks on this run's numbers, the
+"try it yourself" exercises that ask for a prediction first and then check it against the run, and the
+code exercises whose few lines an assert checks.
 
-Both print a few lines and return a small record, so a test can assert on the verdict. Neither raises on
-a result that goes the unexpected way: the notebook says what it saw and why, and goes on.
+Each prints a few lines and returns a small record, so a test can assert on the verdict. None raises on
+a result that goes the unexpected way: the notebook says what it saw and why, and goes on. A prediction
+not yet made shows no answer: it asks for one. A test run makes the prediction itself
+(``$WORKSHOP_CI_PREDICTION``), so CI still sees every outcome; an attendee never sets it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion
 
@@ -74,22 +79,41 @@ class Prediction:
     outcome: str
     right: bool | None
     detail: str
+    by: str = ""  # " (made by the test run)" when $WORKSHOP_CI_PREDICTION made it
 
     def __str__(self) -> str:
         lines = []
         if self.prediction is None:
-            lines.append("You made no prediction: set MY_PREDICTION before running the cell, then run it again.")
-        elif self.right is None:
+            return ("Your turn: set MY_PREDICTION to one of the choices above and run this cell again; the answer "
+                    "is shown once you have predicted.")
+        if self.right is None:
             lines.append(f"Your prediction {self.prediction!r} is not one of the choices; "
                          "set MY_PREDICTION to one of them and run the cell again.")
         else:
-            lines.append(f"You predicted {self.prediction!r}: " + ("right." if self.right else "not this time."))
+            lines.append(f"You predicted {self.prediction!r}{self.by}: " + ("right." if self.right else "not this time."))
         lines.append(f"This run: {self.outcome}." + (f" {self.detail}" if self.detail else ""))
         return "\n".join(lines)
 
 
 def _normal(text: str) -> str:
     return " ".join(str(text).lower().split())
+
+
+CI_PREDICTION_ENV = "WORKSHOP_CI_PREDICTION"  # a test run's prediction: "first", "last" or a choice's index
+
+
+def _ci_prediction(choices: Sequence[str]) -> str | None:
+    """The prediction a test run makes for the attendee ($WORKSHOP_CI_PREDICTION), or None when it is not set."""
+    value = os.environ.get(CI_PREDICTION_ENV, "").strip()
+    if not value:
+        return None
+    index = {"first": 0, "last": -1}.get(value)
+    if index is None:
+        try:
+            index = int(value)
+        except ValueError:
+            raise ValueError(f"{CI_PREDICTION_ENV}={value!r}: give first, last or a choice's index") from None
+    return choices[index % len(choices)]
 
 
 def check_prediction(prediction: str | None, outcome: str, choices: Sequence[str], detail: str = "",
@@ -100,14 +124,51 @@ def check_prediction(prediction: str | None, outcome: str, choices: Sequence[str
     if _normal(outcome) not in by_key:
         raise ValueError(f"outcome {outcome!r} is not one of the choices {list(choices)}")
     outcome = by_key[_normal(outcome)]
+    by = ""
     if prediction is None or (isinstance(prediction, str) and not prediction.strip()):
+        prediction = _ci_prediction(choices)
+        by = " (made by the test run)" if prediction is not None else ""
+    if prediction is None:
         result = Prediction(None, outcome, None, detail)
     elif _normal(prediction) not in by_key:
         result = Prediction(str(prediction), outcome, None, detail + f" (the choices: {', '.join(choices)})")
     else:
-        result = Prediction(by_key[_normal(prediction)], outcome, by_key[_normal(prediction)] == outcome, detail)
+        result = Prediction(by_key[_normal(prediction)], outcome, by_key[_normal(prediction)] == outcome, detail, by)
     if show:
         print(result)
+    return result
+
+
+# ---------------------------------------------------------------- write it yourself
+
+@dataclass(frozen=True)
+class Exercise:
+    """A code exercise's result: not answered yet (``answered`` False) or answered and passed its check."""
+
+    name: str
+    answered: bool
+    detail: str
+
+    def __str__(self) -> str:
+        if not self.answered:
+            return f"Your turn ({self.name}): {self.detail}"
+        return f"✔ {self.name}: right. {self.detail}".rstrip()
+
+
+def check_exercise(name: str, answer: Any, check: Callable[[Any], str | None], hint: str, explain: str = "") -> Exercise:
+    """Check the attendee's ``answer`` to the code exercise ``name``: None (not written yet) prints what to write and
+    the ``hint``; otherwise ``check(answer)`` returns None when it is right or the sentence that says what is wrong,
+    and a wrong answer fails with that sentence and the hint (an ``AssertionError``, as an assert would). ``explain``:
+    printed once it is right (the numbers behind it)."""
+    if answer is None:
+        result = Exercise(name, False, f"replace the None and run the cell again. Hint: {hint}")
+        print(result)
+        return result
+    problem = check(answer)
+    if problem:
+        raise AssertionError(f"{name}: {problem} Hint: {hint}")
+    result = Exercise(name, True, explain)
+    print(result)
     return result
 
 

@@ -272,19 +272,34 @@ def first_turn_exact_rate(model, fast, probe: list[tuple[str, str]]) -> float:
 
 
 def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 5, log_every: int = 25,
-          eval_every: int = 200, max_seconds: float | None = None) -> dict[str, Any]:
-    """Build tiny-qwen3 from random weights under ``out``; returns the training record (stops at ``max_seconds``)."""
+          eval_every: int = 200, max_seconds: float | None = None, init_from: Path | None = None,
+          stage: str = "stage1") -> dict[str, Any]:
+    """Build tiny-qwen3 under ``out``; returns the training record (stops at ``max_seconds``).
+
+    Without ``init_from``: a new tokenizer and random weights. With it: go on from that model and its tokenizer
+    (stage 2: the same corpus in other random draws, ``seed``, at its own learning rate)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     template = load_template()
-    tok = build_tokenizer(template, seed)
-    fast = save_tokenizer(tok, out, template)
+    if init_from:
+        fast = PreTrainedTokenizerFast.from_pretrained(init_from)
+        if fast.chat_template != template:
+            raise ValueError(f"{init_from} does not carry Qwen3-4B's template: rebuild it from stage 1.")
+        if Path(init_from).resolve() != out.resolve():
+            fast = save_tokenizer(fast.backend_tokenizer, out, template)
+        model = AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+        config = model.config
+    else:
+        tok = build_tokenizer(template, seed)
+        fast = save_tokenizer(tok, out, template)
+        config = None
     eos, pad = fast.convert_tokens_to_ids(IM_END), fast.convert_tokens_to_ids(EOT)
-    config = model_config(SHAPE, 64 * math.ceil(len(fast) / 64), eos, pad)
-    model = AutoModelForCausalLM.from_config(config)
+    if config is None:
+        config = model_config(SHAPE, 64 * math.ceil(len(fast) / 64), eos, pad)
+        model = AutoModelForCausalLM.from_config(config)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, min(100, steps // 10))
@@ -292,7 +307,7 @@ def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: i
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))))
     prefix = tools_prefix_ids(fast)
     probe = heldout_probe(fast)
-    record: dict[str, Any] = {"stage": "stage1", "params": n_params, "steps": steps, "batch_size": batch_size,
+    record: dict[str, Any] = {"stage": stage, "init_from": init_from is not None, "params": n_params, "steps": steps, "batch_size": batch_size,
                               "seed": seed, "lr": lr, "architecture": config.architectures or [type(model).__name__],
                               "shape": SHAPE.__dict__, "vocab_size": config.vocab_size, "bpe_vocab": BPE_VOCAB,
                               "template_sha256": TEMPLATE_SHA256, "thinking_share": THINKING_SHARE,
@@ -324,5 +339,5 @@ def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: i
     record["train_seconds"] = round(time.monotonic() - start, 1)
     record["train_tokens"] = tokens  # the tools block counted once per row, as the engine would see it
     _save_model(model, out, eos, pad)
-    (out / "training_record_stage1.json").write_text(json.dumps(record, indent=1))
+    (out / f"training_record_{stage}.json").write_text(json.dumps(record, indent=1))
     return record

@@ -1,0 +1,22 @@
+"""Notebook 02 on the local path: run top to bottom against the shared real engine (tests/notebook_local.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from notebook_local import lab, no_silent_long_cells, printed, run_local  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.engine
+
+
+def test_notebook_02_compares_prediction_with_the_engine(lab, tmp_path):
+    run = run_local("02_units_and_memory_budget.ipynb", tmp_path)
+    text = printed(run)
+    assert "(exact)" in text and "[shown] the planner predicts the CPU engine's KV capacity" in text
+    assert "blocks of 128 tokens: 16 is vLLM's default on a GPU" in text
+    assert re.search(r"the driver reports [\d.]+ GiB", text)
+    # section 2: parameters and KV bytes per token by hand from config.json, confirmed by the planner
+    assert "by hand: 147,456 bytes of KV cache per token" in text
+    assert re.search(r"What you should see: the planner confirms the hand count.*\n  ✔ seen in this run: Qwen3-4B: by hand", text)

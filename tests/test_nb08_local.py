@@ -1,0 +1,50 @@
+"""Notebook 08 on the local path: run top to bottom against the shared real engine (tests/notebook_local.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers.core.vllm_args import flag_value
+from helpers.lab.notebooks import REPO_ROOT
+from notebook_local import lab, no_silent_long_cells, printed, run_local  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.engine
+
+
+def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
+    # two candidates: the profile's memory knob and one plain flag (each costs a restart, a measurement and
+    # an eval; the suite's time is kept under its budget)
+    run = run_local("08_tuning_and_evaluation.ipynb", tmp_path,
+                    parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1,
+                                   "CANDIDATES": ["MEMORY", ["--kv-cache-dtype", "fp8"]]})
+    text = printed(run)
+    decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
+    assert [d[0] for d in decisions] == ["--kv-cache-memory-bytes", "--kv-cache-dtype"]
+    slo = re.search(r"c8_p90_ttft_ms must stay <= ([\d,]+) ms \(1\.5x the baseline's\)", text)
+    assert slo, text[:3000]
+    baseline_p90 = float(re.search(r"^- Baseline: .* c8_p90_ttft_ms ([\d,]+) ms", text, re.M).group(1).replace(",", ""))
+    assert abs(float(slo.group(1).replace(",", "")) - 1.5 * baseline_p90) <= 1.5  # rounding of the printed values
+    # the written-out configuration names the cluster's model, never a directory on this machine
+    assert re.search(r"vllm serve Qwen/Qwen3-4B --served-model-name Qwen/Qwen3-4B", text)
+    assert re.search(r"- --model\n\s*- Qwen/Qwen3-4B\n", text) and "kind: Deployment" in text
+    assert str(REPO_ROOT / "models") not in text
+    assert re.search(r"^- \[(shown|not shown|within noise)\] Final: ", text, re.M)
+    assert flag_value(lab.engine.args(), "--kv-cache-dtype") is None and flag_value(lab.engine.args(), "--max-num-seqs") is None
+    # the manifest exercise on the local engine: the change went through the engine, the cluster's patch is shown
+    assert "through the engine interface (engine.set_flag)" in text and "kubectl diff -k my-change/" in text
+    assert "What you should see: the patch changes exactly one flag (--kv-cache-memory-bytes)\n  ✔" in text
+    assert text.count("What you should see: ") >= 4 and text.count("(made by the test run)") == 2
+    # the GPU line starts from the GPU profile's baseline: none of the CPU lab's workarounds, kept changes marked
+    line = re.search(r"Engine command line \(a GPU box\):\n  (.*)", text)[1]
+    assert "--gpu-memory-utilization" in line and "--enforce-eager" not in line
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in line and "--kv-cache-memory-bytes" not in line
+    assert "What you should see: the GPU command line carries none of the CPU lab's workarounds\n  ✔" in text
+    assert re.search(r"^- (--kv-cache-memory-bytes \d+: kept on the CPU, not carried over|--kv-cache-dtype fp8: kept on "
+                     r"the CPU and carried over, measured only on the CPU|no change kept)", text, re.M)
+    # structured output: the schema's answers are all valid by the eval's parser; the TPOT cost is judged
+    valid = re.search(r"a JSON schema makes the answers valid\n  .*valid JSON of the schema: (\d+)/(\d+) answers "
+                      r"with the schema, (\d+)/\d+ without", text)
+    assert valid and valid[1] == valid[2], text[-3000:]
+    assert re.search(r"time per output token [\d.]+ ms with the schema vs [\d.]+ ms without", text)
