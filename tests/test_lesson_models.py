@@ -61,7 +61,7 @@ def test_the_moe_only_where_the_room_downloads_it():
 
 
 def test_an_unknown_role_names_the_roles():
-    with pytest.raises(KeyError, match="the roles are baseline, fp8-checkpoint"):
+    with pytest.raises(KeyError, match="the roles are baseline, thinking, fp8-checkpoint"):
         lesson_model("teacher", CPU)
 
 

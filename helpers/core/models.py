@@ -39,6 +39,9 @@ class LessonModel:
 
 LESSON_MODELS: dict[str, LessonModel] = {m.role: m for m in (
     LessonModel("baseline", "tiny-agent", "Qwen/Qwen3-4B", "the workshop's model in BF16, every comparison's baseline"),
+    LessonModel("thinking", "tiny-qwen3", "Qwen/Qwen3-4B",
+                "a model that thinks before it answers: Qwen3's chat template with its reasoning parser (on a GPU the "
+                "baseline itself; on a CPU the tiny stand-in trained under Qwen3-4B's own template)"),
     LessonModel("fp8-checkpoint", "tiny-agent-fp8-dynamic", "RedHatAI/Qwen3-4B-FP8-dynamic",
                 "the baseline's weights and activations in FP8, a published checkpoint (llmcompressor's FP8_DYNAMIC)"),
     LessonModel("w8a8", "tiny-agent-w8a8", None, "INT8 weights and activations",
