@@ -4,7 +4,9 @@ build/test-times.md on every run)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,6 +91,25 @@ def shared_files_first(items: list) -> list:
 
 def pytest_collection_modifyitems(items: list) -> None:
     items[:] = shared_files_first(items)
+
+
+# Two test runs on one machine with engine tests on the same port take turns: the second waits for the first to end
+# (one vLLM engine on a 2-core machine at a time, and one owner of TEST_PORT). Another WORKSHOP_TEST_PORT runs beside.
+ENGINE_TESTS_LOCK = Path(tempfile.gettempdir()) / f"workshop-engine-tests-{TEST_PORT}.lock"
+_LOCK: list = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or not any(i.get_closest_marker("engine") for i in session.items):
+        return
+    handle = open(ENGINE_TESTS_LOCK, "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"\nwaiting for another test run's engine tests on port {TEST_PORT} to end ({ENGINE_TESTS_LOCK})",
+              flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    _LOCK.append(handle)  # held until this process ends
 
 
 @pytest.hookimpl(trylast=True)  # after the fixtures' teardown
