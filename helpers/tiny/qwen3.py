@@ -273,7 +273,7 @@ def first_turn_exact_rate(model, fast, probe: list[tuple[str, str]]) -> float:
 
 def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 5, log_every: int = 25,
           eval_every: int = 200, max_seconds: float | None = None, init_from: Path | None = None,
-          stage: str = "stage1") -> dict[str, Any]:
+          stage: str = "stage1", shape: ModelShape = SHAPE) -> dict[str, Any]:
     """Build tiny-qwen3 under ``out``; returns the training record (stops at ``max_seconds``).
 
     Without ``init_from``: a new tokenizer and random weights. With it: go on from that model and its tokenizer
@@ -298,7 +298,7 @@ def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: i
         config = None
     eos, pad = fast.convert_tokens_to_ids(IM_END), fast.convert_tokens_to_ids(EOT)
     if config is None:
-        config = model_config(SHAPE, 64 * math.ceil(len(fast) / 64), eos, pad)
+        config = model_config(shape, 64 * math.ceil(len(fast) / 64), eos, pad)
         model = AutoModelForCausalLM.from_config(config)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -309,7 +309,7 @@ def train(out: Path, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: i
     probe = heldout_probe(fast)
     record: dict[str, Any] = {"stage": stage, "init_from": init_from is not None, "params": n_params, "steps": steps, "batch_size": batch_size,
                               "seed": seed, "lr": lr, "architecture": config.architectures or [type(model).__name__],
-                              "shape": SHAPE.__dict__, "vocab_size": config.vocab_size, "bpe_vocab": BPE_VOCAB,
+                              "shape": shape.__dict__ if not init_from else "as init_from", "vocab_size": config.vocab_size, "bpe_vocab": BPE_VOCAB,
                               "template_sha256": TEMPLATE_SHA256, "thinking_share": THINKING_SHARE,
                               "tools_prefix_tokens": len(prefix), "example": "one assistant turn", "log": []}
     print(f"training {n_params:,} parameters, vocab {config.vocab_size}, tools block {len(prefix)} tokens, "
