@@ -101,6 +101,21 @@ def _heldout(thinking):
     return run
 
 
+def _stream(thinking=None, **kwargs):
+    def run(lab):
+        from helpers.measure.stream_timing import stream_chat
+
+        extra = {} if thinking is None else {"thinking": thinking}
+        stream_chat(lab.client, lab.model, [{"role": "user", "content": "hi"}], max_tokens=8, **extra, **kwargs)
+    return run
+
+
+def _time_lengths(lab):
+    from helpers.measure.stream_timing import time_lengths
+
+    time_lengths(lab.client, lab.model, [{"role": "user", "content": "hi"}], [4], repeats=1, progress=False)
+
+
 # request path -> what it must send for thinking, and the max_tokens it budgets (None: not checked here)
 CHAT_PATHS = {
     "agent loop (run_agent), default": (_agent_off, False, agent.MAX_TOKENS),
@@ -110,6 +125,10 @@ CHAT_PATHS = {
     "structured output (structured._answer, notebook 08)": (_structured, False, suite.DEFAULT_MAX_TOKENS),
     "held-out tool calls (toolcall.run_case), thinking off": (_heldout(False), False, agent.MAX_TOKENS),
     "held-out tool calls (toolcall.run_case), thinking on": (_heldout(True), True, agent.THINKING_MAX_TOKENS),
+    "timed stream (stream_chat, notebooks 01, 03, 05, 08), default": (_stream(), False, 8),
+    "timed stream (stream_chat), thinking=True": (_stream(True), True, 8),
+    "timed stream (stream_chat) with its own extra_body": (_stream(extra_body={"ignore_eos": True}), False, 8),
+    "streams by length (time_lengths, notebook 03)": (_time_lengths, False, 4),
 }
 
 
@@ -220,3 +239,13 @@ def test_heldout_both_modes_writes_one_summary_per_mode_and_the_rows_of_both(mon
     written = json.loads(summary.read_text())
     assert written == {"thinking_off": {"thinking": False}, "thinking_on": {"thinking": True}}
     assert pd.read_csv(rows)["thinking"].tolist() == [False, True]
+
+
+def test_a_body_that_names_its_own_template_kwargs_keeps_them():
+    from helpers.core.thinking import with_thinking
+
+    own = {"chat_template_kwargs": {"enable_thinking": True, "x": 1}, "ignore_eos": True}
+    assert with_thinking(own, False) == own
+    assert with_thinking(None, False) == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert with_thinking({"ignore_eos": True}, True) == {"chat_template_kwargs": {"enable_thinking": True},
+                                                         "ignore_eos": True}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from helpers.core.thinking import thinking_body, with_thinking
 from helpers.tiny.tools import TOOLS, call_tool
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
@@ -31,11 +32,6 @@ MAX_TOKENS = 96  # a turn without thinking: one tool call or a short answer
 THINKING_MAX_TOKENS = 1024  # a turn with thinking: the reasoning comes first (Qwen3-4B's often runs to hundreds)
 ANSWERED, CUT_IN_REASONING, CUT_OFF, OUT_OF_STEPS = ("answered", "ended inside the reasoning",
                                                      "cut off by max_tokens", "ran out of steps")
-
-
-def thinking_body(thinking: bool) -> dict[str, Any]:
-    """The request field that turns a Qwen3 template's thinking on or off."""
-    return {"chat_template_kwargs": {"enable_thinking": bool(thinking)}}
 
 
 def reasoning_of(message: Any, usage: Any) -> tuple[str | None, int | None]:
@@ -110,7 +106,7 @@ def run_agent(lab: Lab, question: str, tools: list[dict[str, Any]] | None = None
     messages = list(history or []) + [{"role": "user", "content": question}]
     steps: list[AgentStep] = []
     kwargs.setdefault("max_tokens", THINKING_MAX_TOKENS if thinking else MAX_TOKENS)
-    kwargs["extra_body"] = {**thinking_body(thinking), **kwargs.get("extra_body", {})}
+    kwargs["extra_body"] = with_thinking(kwargs.get("extra_body"), thinking)
     for number in range(1, max_steps + 1):
         start = time.perf_counter()
         resp = lab.chat(messages, tools=tools, **kwargs) if tools else lab.chat(messages, **kwargs)

@@ -45,6 +45,7 @@ import jsonschema
 import openai
 import pandas as pd
 
+from helpers.core.thinking import thinking_body
 from helpers.tiny import corpus
 from helpers.engine.session import EndpointError, Lab
 from helpers.evals.toolcall import arguments_match, wilson_interval
@@ -63,7 +64,7 @@ DEFAULT_SEED = 0
 DEFAULT_MAX_TOKENS = 128
 # Sent with every request: reasoning models (Qwen3 on the gpu profile) answer directly; templates
 # without the variable (the tiny agent's) ignore it.
-DEFAULT_EXTRA_BODY: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
+DEFAULT_EXTRA_BODY: dict[str, Any] = thinking_body(False)
 EXCERPT_CHARS = 200
 JSON_INSTRUCTION = "Reply with JSON only: the tool to call and its arguments."
 ALPHA = 0.05

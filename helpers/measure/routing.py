@@ -30,6 +30,7 @@ import aiohttp
 import pandas as pd
 
 from helpers.core.comparison import compare_samples
+from helpers.core.thinking import thinking_body
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict
 from helpers.measure.loadgen import run_sync
 from helpers.engine.router import SESSION_HEADER, figure_deltas
@@ -161,11 +162,9 @@ async def arun_agent_workload(base_url: str, model: str, workload: AgentWorkload
                                        "status": None, "error": "", "ttft_s": None, "e2e_s": None,
                                        "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None}
                 rows.append(row)  # recorded when sent: a request is never missing from the table
-                # thinking off: a Qwen3 model would otherwise spend a short turn's tokens reasoning (ignored by
-                # templates that have no thinking mode)
+                # thinking off: a Qwen3 model would otherwise spend a short turn's tokens reasoning
                 body = {"model": model, "messages": messages, "max_tokens": workload.max_tokens, "temperature": 0.0,
-                        "stream": True, "stream_options": {"include_usage": True},
-                        "chat_template_kwargs": {"enable_thinking": False}}
+                        "stream": True, "stream_options": {"include_usage": True}, **thinking_body(False)}
                 reply = await _one_request(http, url, body, {**(headers or {}), SESSION_HEADER: row["session"]}, row)
                 if on_row is not None:
                     on_row(row)

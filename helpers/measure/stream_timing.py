@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from helpers.core.thinking import with_thinking
+
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -144,11 +146,15 @@ class StreamTiming:
 
 
 def stream_chat(client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int = 128,
-                on_chunk: Callable[[StreamTiming], None] | None = None, **kwargs: Any) -> StreamTiming:
+                on_chunk: Callable[[StreamTiming], None] | None = None, thinking: bool = False,
+                **kwargs: Any) -> StreamTiming:
     """Stream one chat completion and time it; errors are recorded, not raised.
 
-    ``on_chunk`` is called with the timing after every chunk (e.g. to know that a stream is decoding)."""
+    ``on_chunk`` is called with the timing after every chunk (e.g. to know that a stream is decoding). ``thinking``
+    False (the default) sends thinking off, so a Qwen3 model's tokens are its answer's (helpers.core.thinking);
+    True leaves the template's default on, and the reasoning's chunks count as output that is not content."""
     kwargs.setdefault("temperature", 0.0)
+    kwargs["extra_body"] = with_thinking(kwargs.get("extra_body"), thinking)
     timing = StreamTiming(t_sent=time.perf_counter())
     try:
         stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, stream=True,

@@ -27,6 +27,7 @@ import aiohttp
 
 from helpers.measure.stream_timing import STREAM_OPTIONS
 from helpers.core.errors import WorkshopError
+from helpers.core.thinking import with_thinking
 
 MARKER = "#"  # first characters of every user message; the word tokens follow it
 # Common English words (and letters) written with their leading space: in byte-level BPE tokenizers
@@ -98,9 +99,8 @@ class Workload:
     thinking: bool = False
 
     def __post_init__(self) -> None:
-        if not self.thinking and "chat_template_kwargs" not in self.extra_body:
-            object.__setattr__(self, "extra_body", {"chat_template_kwargs": {"enable_thinking": False},
-                                                    **self.extra_body})
+        if not self.thinking:
+            object.__setattr__(self, "extra_body", with_thinking(self.extra_body, False))
 
     def validate(self) -> None:
         """Raise ValueError with what to change when the workload is inconsistent."""
