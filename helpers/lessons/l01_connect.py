@@ -9,42 +9,56 @@ dated table (``helpers.hardware.gpus``: an API's input, cached-input and output 
 ``conclude_cache`` and ``conclude_break_even`` say what cached input and the engine's utilization change, and
 ``not_cost_table`` / ``runtimes_table`` name what decides besides the price and where other runtimes fit.
 ``length_outcome`` and ``tool_tax_outcome`` turn the exercises' measurements into one of ``LENGTH_CHOICES`` /
-``TOOL_TAX_CHOICES``. The rest of what the notebook
+``TOOL_TAX_CHOICES``; ``tpot_check`` checks the TPOT the attendee writes from a run's chunk times and says what is
+wrong. ``thinking_model_served`` serves the lesson's thinking model for a block (no restart where the engine serves it
+already, the engine's configuration back after it) and ``conclude_thinking`` judges one thinking turn: its reasoning
+apart from the content, next to its tool call, the arguments shown as they came. The rest of what the notebook
 calls comes from the floors and is re-exported here (``__all__``), so the notebook imports from this module
 and ``helpers.engine.session`` alone.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from helpers.core.models import by_profile
+from helpers.core.models import by_profile, lesson_model, missing_reason
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
-from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
+from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
+                                 show_conclusions)
 from helpers.core.progress import steps
-from helpers.evals.agent import prompt_tokens_with_tools, run_agent
+from helpers.core.vllm_args import flag_value, with_flag
+from helpers.engine.interface import resolve_model
+from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.measure.stream_timing import StreamTiming, stream_chat, time_lengths
 from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, profile_hourly_price
 from helpers.planning.cost import (api_cost_cached_usd, api_cost_usd, api_usd_per_million_output_tokens,
                                    break_even_utilization, cached_prefix_tokens, own_usd_per_million_output_tokens)
-from helpers.tiny.tools import TOOLS
+from helpers.tiny.tools import TOOLS, call_tool
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from helpers.engine.session import Lab
 
 __all__ = [
     # this notebook's own
     "STALL_FACTOR", "conclude_stream", "conclude_context_growth", "cpu_gpu_caveat", "conclude_rent_vs_own",
     "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "engine_price", "rent_vs_own_costs",
-    "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES",
+    "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES", "tpot_check", "TPOT_HINT",
+    "REASONING_PARSER", "thinking_model_served", "conclude_thinking",
     # from the floors below, for the notebook
-    "Conclusion", "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "steps",
-    "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat", "time_lengths", "api_cost_usd",
-    "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS", "api_price",
-    "by_profile",
+    "Conclusion", "report", "check_exercise", "check_prediction", "should_see", "should_see_conclusion",
+    "show_conclusions", "steps", "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat",
+    "time_lengths", "api_cost_usd", "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS",
+    "call_tool", "api_price", "by_profile", "lesson_model",
 ]
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
@@ -263,3 +277,116 @@ def tool_tax_outcome(without_tools: int, with_tools: int, n_tools: int) -> tuple
     extra = with_tools - without_tools
     return outcome, (f"{without_tools:,} prompt tokens without tools, {with_tools:,} with {n_tools} tools: "
                      f"{extra:+,} tokens ({extra / max(1, n_tools):+,.0f} per tool), re-sent on every call of the agent.")
+
+
+# ---------------------------------------------------------------- write it yourself: TPOT from the chunk times
+
+TPOT_HINT = ("the decode runs from the first chunk's arrival to the last one's; n tokens leave n - 1 gaps, and a chunk "
+             "may carry more than one token (timing.chunk_tokens)")
+
+
+def _near(a: float, b: float | None, rel: float = 1e-6) -> bool:
+    return b is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def tpot_check(timing: StreamTiming) -> Callable[[Any], str | None]:
+    """The check of an attendee's TPOT (seconds) for ``timing``: None when it is the run's TPOT, else the sentence that
+    names the likely slip (milliseconds, the TTFT counted in, every token divided, chunks counted for tokens)."""
+    times, tokens = timing.chunk_times, sum(timing.chunk_tokens)
+
+    def check(answer: Any) -> str | None:
+        if timing.tpot_s is None:
+            return (f"this run has {tokens} token(s), so its TPOT is undefined: run section 3 again with a larger "
+                    "STREAM_MAX_TOKENS.")
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+            return f"my_tpot_s must be a number of seconds, not {type(answer).__name__}."
+        if _near(answer, timing.tpot_s):
+            return None
+        decode_s = times[-1] - times[0]
+        slips = [
+            (timing.tpot_s * 1000, "that is the TPOT in milliseconds; my_tpot_s is in seconds."),
+            ((times[-1] - timing.t_sent) / (tokens - 1),
+             "that counts from the moment the request was sent, so the TTFT (prefill) is in it: start at the first chunk."),
+            (decode_s / tokens, f"you divided by all {tokens} tokens: the first one's time is the TTFT, so the "
+                                f"decode covers {tokens - 1} gaps."),
+            (decode_s / max(1, len(times) - 1), f"you divided by the {len(times)} chunks: some carried more than one "
+                                                f"token, and this run has {tokens} tokens."),
+        ]
+        for value, why in slips:
+            if _near(answer, value):
+                return why
+        return (f"{answer * 1000:.3g} ms per token is not this run's TPOT; it is the time from the first chunk to the "
+                "last, over the tokens after the first.")
+
+    return check
+
+
+# ---------------------------------------------------------------- the workshop model thinks
+
+REASONING_PARSER = "qwen3"  # vLLM's parser for Qwen3's <think>...</think> (k8s/base/vllm.yaml, the gpu profile)
+
+
+@contextmanager
+def thinking_model_served(lab: Lab) -> Iterator[str]:
+    """Serve the lesson's thinking model (``lesson_model("thinking")``) with ``--reasoning-parser qwen3`` for the block,
+    and give its name. No restart where the engine serves it so already (the gpu and k8s profiles: the baseline
+    itself); one on the cpu profile (tiny-qwen3), and one back to the configuration the engine had, whatever happened.
+    An endpoint run elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
+    model = lesson_model("thinking", lab.settings)
+    if model is None:
+        print(missing_reason("thinking", lab.settings))
+        yield lab.model
+        return
+    before = lab.engine.config()
+    if before.served_name == model and flag_value(before.args, "--reasoning-parser") == REASONING_PARSER:
+        print(f"{model} is the workshop's thinking model and is served with --reasoning-parser {REASONING_PARSER} "
+              "already: no restart.")
+        yield model
+        return
+    if not lab.engine.reconfigurable:
+        print(f"{lab.settings.base_url} is run elsewhere, so its model and flags are set where it runs: this step "
+              f"asks {lab.model} to think (the thinking model here would be {model}).")
+        yield lab.model
+        return
+    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER}: one restart now, and "
+          f"one back to {before.served_name} after this cell")
+    lab.engine.apply(replace(before, model=resolve_model(model, lab.settings.profile), served_name=model,
+                             args=with_flag(before.args, "--reasoning-parser", REASONING_PARSER)))
+    try:
+        yield model
+    finally:
+        lab.engine.apply(before)
+
+
+def _in_question(arguments: Any, question: str) -> bool:
+    """True when every text value of a tool call's arguments appears in the question (case ignored)."""
+    values = list(arguments.values()) if isinstance(arguments, dict) else [arguments]
+    texts = [v for v in values if isinstance(v, str)]
+    return bool(texts) and all(t.lower() in question.lower() for t in texts)
+
+
+def conclude_thinking(run: AgentRun, model: str) -> list[Conclusion]:
+    """One thinking turn of ``model`` judged: the reasoning came back apart from the content (vLLM's ``reasoning``
+    field), next to a tool call; the tool call's arguments set against the question, as they came."""
+    expectation = "the model thinks first: its reasoning comes back apart from the content, next to its tool call"
+    step = run.steps[0]
+    content = step.content or ""
+    if not step.reasoning:
+        leaked = "<think>" in content or "</think>" in content
+        why = ("its content holds <think> tags: the engine runs without --reasoning-parser qwen3, so the reasoning "
+               "stayed in the text" if leaked else f"{model} did not think here (a model without a thinking mode "
+               "ignores enable_thinking)")
+        return [Conclusion(f"{model} returned no reasoning: {why}.", NOT_SHOWN, expectation)]
+    tokens = f"{step.reasoning_tokens} reasoning tokens" if step.reasoning_tokens else "reasoning tokens not counted"
+    thought = f"{model} thought first ({len(step.reasoning.split())} words, {tokens} of {step.completion_tokens})"
+    if not step.tool_calls:
+        if step.ended_in_reasoning:
+            return [Conclusion(f"{thought}, and the turn ended inside the reasoning (max_tokens): no tool call yet.",
+                               NOT_SHOWN, expectation)]
+        return [Conclusion(f"{thought}, then answered without a tool call: {content!r}.", NOT_SHOWN, expectation)]
+    call = step.tool_calls[0]
+    arguments = json.dumps(call["arguments"], ensure_ascii=False)
+    verdict = Conclusion(f"{thought}, then called {call['name']}({arguments}).", SHOWN, expectation)
+    where = ("they name what the question asked" if _in_question(call["arguments"], run.question) else
+             f"they do not match the question {run.question!r}: the model wrote them, and its answer follows from them")
+    return [verdict, Conclusion(f"The arguments are the model's own: {where}.")]
