@@ -299,6 +299,38 @@ def cmd_machine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_course_time(args: argparse.Namespace) -> int:
+    """Per notebook: the core path's reading, CPU run and GPU restart minutes against 12; --write records them and
+    writes each notebook's Time line."""
+    import subprocess
+
+    from helpers.hardware.machine import cpu_info
+    from helpers.lab import course_time as ct
+
+    folder = Path(args.notebooks) if args.notebooks else kit_paths.kit_dir("notebooks")
+    paths = ct.course_notebooks(folder)
+    if not paths:
+        return cli_args.error(f"--notebooks {folder}: no notebooks there (start_here.ipynb, NN_*.ipynb)")
+    restarts = ct.restart_rows(Path(args.restarts)) if args.restarts else None
+    rows = ct.course_times(paths, Path(args.cells), restarts)
+    print("\n".join(ct.table_lines(rows)))
+    if restarts is None:
+        print("Restarts not measured: give --restarts with the output (or --out folder) of `workshop run` on the k8s "
+              "profile, or of tests/test_k8s_path_notebooks.py.")
+    if not args.write:
+        return 0
+    git = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True)
+    cpu = cpu_info()
+    machine = {"cpu": cpu.model, "isa": cpu.isa, "cores": cpu.cores, "arch": cpu.arch}
+    source = f"k8s-path run: {Path(args.restarts).name}" if args.restarts else "not measured"
+    record = ct.make_record(rows, machine, git.stdout.strip() or "unknown", source)
+    out = Path(args.record) if args.record else folder / ct.RECORD_NAME
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    changed = ct.write_time_lines(paths, record)
+    print(f"wrote {out.name}; Time lines changed in: {', '.join(p.name for p in changed) or 'none'}")
+    return 0
+
+
 SIBLING_STEPS = {"moe": 250, "draft": 1200, "draft-untrained": 0}
 QWEN3_STEPS = 700  # tiny-qwen3 (models/tiny-qwen3/training_record_stage1.json holds the steps it stopped at)
 
@@ -411,6 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=number(float, 0, 60, above=True), default=1.0,
                    help="seconds of the quiet-machine sample (at most 60)")
     p.set_defaults(func=cmd_machine)
+    p = sub.add_parser("course-time", help=_summary(cmd_course_time), description=cmd_course_time.__doc__)
+    p.add_argument("--cells", default=str(kit_paths.work_root() / "build" / "notebook-cells"),
+                   help="the per-cell seconds the local-path tests keep (default build/notebook-cells)")
+    p.add_argument("--restarts", default=None, metavar="PATH",
+                   help="a k8s-path run's restarts: the text `workshop run` printed, or its --out folder")
+    p.add_argument("--notebooks", default=None, help="the notebooks' folder (default the kit's notebooks/)")
+    p.add_argument("--write", action="store_true", help="record into course_time.json and write the Time lines")
+    p.add_argument("--record", default=None, help="where --write puts the record (default NOTEBOOKS/course_time.json)")
+    p.set_defaults(func=cmd_course_time)
     for module, commands in SUBCOMMAND_MODULES.items():
         _register(sub, module, commands)
     return parser

@@ -1,0 +1,381 @@
+"""The course's time per notebook (issue 27 part 1): how long each notebook's core path takes at a live workshop.
+
+Per notebook: the core path's words (markdown and code cells before the first that starts with a "## Go deeper"
+heading, and the closing "What we learned" section, read at WORDS_PER_MINUTE), its run time on the CPU path (the per-cell seconds the test
+suite keeps in ``build/notebook-cells/<test file>/<notebook>.json``, tests/timetable.py), its engine restarts on the
+cluster (the restart table of ``helpers.core.restarts``, from a k8s-path run, or "not measured") and their time on a
+GPU (``GPU_START_S``, cold, with its source), and the total against CORE_MINUTES_MAX.
+
+``workshop course-time --write`` keeps the result in ``notebooks/course_time.json`` with its provenance (the machine,
+the commit, each run's parameters) and writes each notebook's "**Time:**" line from it: the lines are generated,
+never typed. ``time_line_problems`` checks the notebooks against the record. Everything here is a pure function of
+notebooks, records and texts it is given; the caller reads the machine and the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import nbformat
+
+from helpers.core import kit_paths
+from helpers.core.errors import WorkshopError
+from helpers.core.restarts import (GO_DEEPER, GPU_START_S, GPU_START_SOURCE, RestartRow, count, decode_rows,
+                                   read_restarts)
+
+WORDS_PER_MINUTE = 200  # issue 27: reading speed for the core path's text and code
+CORE_MINUTES_MAX = 12   # issue 27: a core path a workshop module finishes in 12 minutes
+RESTART_KIND = "cold"   # GPU_START_S's figure a restart is priced at (the upper bound: no compile cache)
+RECORD_NAME = "course_time.json"  # beside the notebooks
+CELLS_DIR = kit_paths.work_root() / "build" / "notebook-cells"  # tests/timetable.py writes it
+GENERATED_BY = "workshop course-time --write"
+_GO_DEEPER_HEADING = re.compile(rf"^## +{GO_DEEPER}\b", re.M)
+_HEADING = re.compile(r"#{1,3} +(.+)")
+_WHAT_WE_LEARNED = re.compile(r"#{1,3} +What we learned", re.I)
+_TIME_LINE = re.compile(r"^\*\*Time:\*\*.*$", re.M)
+_WORD = re.compile(r"\S*\w\S*")  # a whitespace-separated token with a letter or digit (not "|---|" or "#")
+_INJECTED = "injected-parameters"
+
+
+class CourseTimeError(WorkshopError, ValueError):
+    """A notebook or record that the course time cannot be read from; the message says what to fix."""
+
+
+# ---------------------------------------------------------------- the core path of a notebook
+
+def words(text: str) -> int:
+    """The words of a text: whitespace-separated tokens holding a letter or a digit."""
+    return len(_WORD.findall(text))
+
+
+def core_cells(nb: nbformat.NotebookNode) -> list[bool]:
+    """For each cell, whether it is on the core path: before the first markdown cell that starts with a "## Go deeper"
+    heading (the section rule of the restart table, ``helpers.core.restarts.in_core_path``), or in the closing "What
+    we learned" section (STYLE.md: it stays last and is read by everyone). CourseTimeError for a Go deeper heading
+    inside a cell, which neither this nor the restart table would see."""
+    out, deeper = [], False
+    last_learned = max((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                        and _WHAT_WE_LEARNED.match(c.source.strip())), default=None)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            heading = _GO_DEEPER_HEADING.search(cell.source)
+            if heading and cell.source[:heading.start()].strip():
+                raise CourseTimeError(f"cell {index}: its '## {GO_DEEPER}' heading is not the cell's first line; start "
+                                      "a markdown cell with it, so the core path and the restart table see it")
+            deeper = deeper or bool(heading)
+        if index == last_learned:
+            deeper = False
+        out.append(not deeper)
+    return out
+
+
+@dataclass(frozen=True)
+class CellTimes:
+    """A notebook's measured run on the CPU path: seconds on the core path and off it, from one record of
+    build/notebook-cells/; ``unmatched`` cells of the record are not in this notebook (it changed since)."""
+
+    core_s: float
+    deeper_s: float
+    unmatched: int
+    unmatched_s: float
+    test: str
+    recorded_at: str
+    parameters: str
+
+
+def _first_line(source: str) -> str:
+    return next((line for line in source.splitlines() if line.strip()), "")[:100]
+
+
+def split_cell_times(nb: nbformat.NotebookNode, record: dict[str, Any]) -> CellTimes:
+    """The seconds of a cells record (tests/timetable.py's format) on ``nb``'s core path and off it. A recorded
+    cell is found by its index in the executed copy (one more past the parameters cell when parameters were
+    injected) and its first line; the injected parameters cell is core; a cell not found counts as unmatched."""
+    flags = core_cells(nb)
+    params = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    injected = bool(record.get("parameters"))
+    core = deeper = unmatched_s = 0.0
+    unmatched = 0
+    for cell in record.get("cells", []):
+        index, seconds, first = int(cell["index"]), float(cell["seconds"]), cell.get("first_line", "")
+        if injected and params is not None and index == params + 1 and first.startswith("# Parameters injected"):
+            core += seconds
+            continue
+        source = index - 1 if injected and params is not None and index > params else index
+        if 0 <= source < len(nb.cells) and _first_line(nb.cells[source].source) == first:
+            if flags[source]:
+                core += seconds
+            else:
+                deeper += seconds
+        else:
+            unmatched, unmatched_s = unmatched + 1, unmatched_s + seconds
+    return CellTimes(round(core, 2), round(deeper, 2), unmatched, round(unmatched_s, 2), record.get("test", ""),
+                     record.get("recorded_at", ""), record.get("parameters", ""))
+
+
+def cells_record(folder: Path, stem: str) -> dict[str, Any] | None:
+    """The latest local-path record of notebook ``stem`` in ``folder`` (build/notebook-cells/test_nb*_local/); None
+    when no local-path test has run it here."""
+    found = []
+    for path in sorted(Path(folder).glob(f"*_local/{stem}.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("cells"):
+            found.append(record)
+    return max(found, key=lambda r: r.get("recorded_at", ""), default=None)
+
+
+# ---------------------------------------------------------------- restarts, from a k8s-path run
+
+def _stem(name: str) -> str:
+    """``"03_prefill (412 s here)"`` or ``"03_prefill.ipynb"`` -> ``"03_prefill"`` (the k8s-path test's names)."""
+    return name.split(" (", 1)[0].removesuffix(".ipynb")
+
+
+def restart_rows(path: Path) -> dict[str, RestartRow]:
+    """Restart rows by notebook from a k8s-path run: a text holding ``restarts {...}`` lines (``workshop run``'s or
+    the rehearsal's output), a restart log ``NAME.restarts.jsonl`` (its core count from the executed ``NAME.ipynb``
+    beside it), or a ``workshop run --out`` folder of both. The most restarts when a notebook appears twice."""
+    path = Path(path)
+    if path.is_dir():
+        rows = [row for log in sorted(path.glob("*.restarts.jsonl")) for row in restart_rows(log).values()]
+    elif path.name.endswith(".restarts.jsonl"):
+        stem = path.name.removesuffix(".restarts.jsonl")
+        executed = path.with_name(f"{stem}.ipynb")
+        if not executed.is_file():
+            raise CourseTimeError(f"{path.name}: the executed {stem}.ipynb is not beside it, so its restarts cannot be "
+                                  "placed on the core path; give the `workshop run --out` folder that holds both")
+        from helpers.lab.restarts import cell_windows
+
+        rows = [count(stem, read_restarts(path), cell_windows(nbformat.read(executed, as_version=4)))]
+    elif path.is_file():
+        rows = decode_rows(path.read_text())
+        if not rows:
+            raise CourseTimeError(f"{path.name} holds no `restarts {{...}}` line: give the output of `workshop run` on "
+                                  "the k8s profile, or its --out folder")
+    else:
+        raise CourseTimeError(f"no such restart record: {path}")
+    out: dict[str, RestartRow] = {}
+    for row in rows:
+        name = _stem(row.notebook)
+        old = out.get(name)
+        if old is None or (row.total, row.core) > (old.total, old.core):
+            out[name] = RestartRow(name, row.core, row.total, row.seconds_here)
+    return out
+
+
+# ---------------------------------------------------------------- one notebook's row
+
+@dataclass(frozen=True)
+class CourseTime:
+    """One notebook's core path: words, reading minutes, CPU run seconds, restarts and their GPU minutes, the total
+    (None where a part is not measured) and whether it is within CORE_MINUTES_MAX (None: cannot tell)."""
+
+    notebook: str
+    core_words: int
+    all_words: int
+    reading_min: float
+    run_s: float | None
+    deeper_run_s: float | None
+    unmatched_cells: int
+    restarts_core: int | None
+    restarts_all: int | None
+    gpu_restart_min: float | None
+    total_min: float | None
+    known_min: float
+    within: bool | None
+    run: dict[str, str] | None  # the test, when and with which parameters the CPU run was recorded
+
+    def missing(self) -> list[str]:
+        """The parts of the total that were not measured."""
+        return [name for name, value in (("CPU run", self.run_s), ("restarts", self.restarts_core)) if value is None]
+
+
+def course_time(stem: str, nb: nbformat.NotebookNode, cells: dict[str, Any] | None,
+                restarts: RestartRow | None) -> CourseTime:
+    """A notebook's course time from its source, its cells record (None: not run here) and its restart row (None:
+    not measured)."""
+    try:
+        flags = core_cells(nb)
+    except CourseTimeError as err:
+        raise CourseTimeError(f"{stem}: {err}") from None
+    core_words = sum(words(c.source) for c, core in zip(nb.cells, flags) if core)
+    all_words = sum(words(c.source) for c in nb.cells)
+    reading_min = core_words / WORDS_PER_MINUTE
+    times = split_cell_times(nb, cells) if cells else None
+    run_s = times.core_s if times else None
+    gpu_min = restarts.core * GPU_START_S[RESTART_KIND] / 60 if restarts else None
+    known = reading_min + (run_s or 0) / 60 + (gpu_min or 0)
+    total = known if run_s is not None and gpu_min is not None else None
+    within = (total <= CORE_MINUTES_MAX) if total is not None else (False if known > CORE_MINUTES_MAX else None)
+    run = {"test": times.test, "recorded_at": times.recorded_at, "parameters": times.parameters} if times else None
+    return CourseTime(stem, core_words, all_words, round(reading_min, 2), run_s, times.deeper_s if times else None,
+                      times.unmatched if times else 0, restarts.core if restarts else None,
+                      restarts.total if restarts else None, None if gpu_min is None else round(gpu_min, 2),
+                      None if total is None else round(total, 2), round(known, 2), within, run)
+
+
+def course_notebooks(folder: Path) -> list[Path]:
+    """start_here and the numbered notebooks of ``folder``, in the course's order."""
+    folder = Path(folder)
+    return [p for p in [folder / "start_here.ipynb"] if p.is_file()] + sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def course_times(paths: Sequence[Path], cells_dir: Path = CELLS_DIR,
+                 restarts: dict[str, RestartRow] | None = None) -> list[CourseTime]:
+    """The course time of each notebook in ``paths``; ``restarts`` by notebook from a k8s-path run (a notebook it
+    lacks, or None for all: not measured)."""
+    out = []
+    for path in paths:
+        path = Path(path)
+        nb = nbformat.read(path, as_version=4)
+        out.append(course_time(path.stem, nb, cells_record(cells_dir, path.stem),
+                               None if restarts is None else restarts.get(path.stem)))
+    return out
+
+
+# ---------------------------------------------------------------- the printed table
+
+def _minutes(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.1f}"
+
+
+def verdict(row: CourseTime) -> str:
+    """Whether the core path is within CORE_MINUTES_MAX, in words."""
+    if row.within is None:
+        return f"cannot tell ({', '.join(row.missing())} not measured; {row.known_min:.1f} min known)"
+    if row.within:
+        return "yes"
+    return f"no (over {CORE_MINUTES_MAX} min" + (f": at least {row.known_min:.1f}, {', '.join(row.missing())} not "
+                                                "measured)" if row.missing() else ")")
+
+
+def table_lines(rows: Sequence[CourseTime]) -> list[str]:
+    """The course-time table: per notebook the core words, reading, CPU run and restart minutes, the total and the
+    verdict; then how each column was computed."""
+    header = ("notebook", "core words", "reading min", "CPU run min", "restarts core/all", "GPU restarts min",
+              "total min", f"within {CORE_MINUTES_MAX} min")
+    body = [(r.notebook, f"{r.core_words:,}", f"{r.reading_min:.1f}",
+             _minutes(None if r.run_s is None else r.run_s / 60) + (f" ({r.unmatched_cells} cells unmatched)"
+                                                                    if r.unmatched_cells else ""),
+             "not measured" if r.restarts_core is None else f"{r.restarts_core}/{r.restarts_all}",
+             _minutes(r.gpu_restart_min), _minutes(r.total_min), verdict(r)) for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *body]]
+    return lines + [f"Reading: the core path's markdown and code at {WORDS_PER_MINUTE} words a minute (the cells before "
+                    f"the first '## {GO_DEEPER}' heading, and the closing 'What we learned'). CPU run: the core cells' "
+                    "seconds the local-path tests recorded (build/notebook-cells/), the CPU engine's own starts included. "
+                    f"GPU restarts: the core path's restarts on the cluster x {GPU_START_S[RESTART_KIND]:.0f} s "
+                    f"({RESTART_KIND}; {GPU_START_SOURCE})."]
+
+
+# ---------------------------------------------------------------- the record and the Time lines
+
+def make_record(rows: Sequence[CourseTime], machine: dict[str, Any], commit: str, restarts_source: str) -> dict[str, Any]:
+    """The committed record of one ``course-time`` run: its rows and their provenance (the machine the CPU runs were
+    timed on, the commit, where the restarts came from, the figures used)."""
+    return {"generated_by": GENERATED_BY, "commit": commit, "machine": machine, "words_per_minute": WORDS_PER_MINUTE,
+            "core_minutes_max": CORE_MINUTES_MAX, "gpu_start_s": GPU_START_S[RESTART_KIND],
+            "gpu_start_kind": RESTART_KIND, "gpu_start_source": GPU_START_SOURCE, "restarts_source": restarts_source,
+            "notebooks": [asdict(r) for r in rows]}
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A record written by ``make_record``; CourseTimeError saying how to make one when it is missing or damaged."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except OSError:
+        raise CourseTimeError(f"no course-time record at {path}: run `{GENERATED_BY}` after the notebooks' local-path "
+                              "tests (they record each cell's seconds)") from None
+    except ValueError as err:
+        raise CourseTimeError(f"{path} is not JSON ({err}): regenerate it with `{GENERATED_BY}`") from None
+    if not isinstance(record, dict) or not isinstance(record.get("notebooks"), list):
+        raise CourseTimeError(f"{path} holds no notebooks list: regenerate it with `{GENERATED_BY}`")
+    return record
+
+
+def _machine_words(machine: dict[str, Any]) -> str:
+    return f"{machine.get('cores', '?')}-core {machine.get('cpu', 'CPU')} ({machine.get('isa', '?')})"
+
+
+def time_line(entry: dict[str, Any], record: dict[str, Any]) -> str:
+    """A notebook's "**Time:**" line, from its entry in the record (nothing typed)."""
+    parts = [f"{entry['reading_min']:.1f} reading ({entry['core_words']:,} words at {record['words_per_minute']} a minute)"]
+    parts.append("the CPU run not measured" if entry["run_s"] is None else
+                 f"{entry['run_s'] / 60:.1f} running on the CPU path (a {_machine_words(record['machine'])})")
+    if entry["restarts_core"] is None:
+        parts.append("engine restarts on a GPU not measured")
+    else:
+        each = f"{record['gpu_start_s']:.0f} s each, {record['gpu_start_kind']}"
+        parts.append(f"{entry['gpu_restart_min']:.1f} for {entry['restarts_core']} engine restart"
+                     f"{'' if entry['restarts_core'] == 1 else 's'} on a GPU ({each})")
+        extra = entry["restarts_all"] - entry["restarts_core"]
+        if extra:
+            parts[-1] += f"; the Go deeper sections add {extra} restart{'' if extra == 1 else 's'}"
+    total = (f"about {math.ceil(entry['total_min'])} minutes" if entry["total_min"] is not None
+             else f"at least {math.ceil(entry['known_min'])} minutes")
+    return (f"**Time:** the core path takes {total}: {'; '.join(parts)}. Generated by `{GENERATED_BY}` "
+            f"(notebooks/{RECORD_NAME}, commit {record['commit'][:12]}).")
+
+
+def time_lines(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
+    """(cell index, line) of every "**Time:**" line in the markdown cells before the first code cell."""
+    out = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            break
+        out += [(index, m.group(0)) for m in _TIME_LINE.finditer(cell.source)]
+    return out
+
+
+def _entries(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["notebook"]: e for e in record["notebooks"]}
+
+
+def time_line_problems(paths: Sequence[Path], record: dict[str, Any]) -> list[str]:
+    """A sentence per notebook whose "**Time:**" line is not the one the record generates (start_here needs none)."""
+    entries, problems = _entries(record), []
+    for path in map(Path, paths):
+        found = time_lines(nbformat.read(path, as_version=4))
+        if not found and path.stem == "start_here":
+            continue
+        if path.stem not in entries:
+            problems.append(f"{path.name}: not in the record; regenerate it with `{GENERATED_BY}`")
+            continue
+        want = time_line(entries[path.stem], record)
+        if len(found) != 1:
+            problems.append(f"{path.name}: {len(found)} '**Time:**' lines before the first code cell, expected one")
+        elif found[0][1] != want:
+            problems.append(f"{path.name}: its Time line is not the record's; run `{GENERATED_BY}` "
+                            f"(has {found[0][1][:80]!r}...)")
+    return problems
+
+
+def write_time_lines(paths: Sequence[Path], record: dict[str, Any]) -> list[Path]:
+    """Put the record's "**Time:**" line into each notebook that has one (the whole line is replaced; cell ids,
+    metadata and the other cells are kept); the notebooks changed."""
+    entries, changed = _entries(record), []
+    for path in map(Path, paths):
+        nb = nbformat.read(path, as_version=4)
+        found = time_lines(nb)
+        if path.stem not in entries or not found:
+            if path.stem != "start_here":
+                raise CourseTimeError(f"{path.name}: " + ("not in the record" if found else
+                                      "no '**Time:**' line in its first markdown cells to replace"))
+            continue
+        if len(found) != 1:
+            raise CourseTimeError(f"{path.name}: {len(found)} '**Time:**' lines; keep one in its first markdown cells")
+        index, old = found[0]
+        new = time_line(entries[path.stem], record)
+        if new != old:
+            nb.cells[index].source = nb.cells[index].source.replace(old, new, 1)
+            nbformat.write(nb, path)
+            changed.append(path)
+    return changed

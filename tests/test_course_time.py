@@ -1,0 +1,225 @@
+"""The course-time script (issue 27 part 1): core-path words, CPU run, restarts and the generated Time lines, on
+synthetic notebooks made with nbformat and on copies of the real ones in tmp_path (never the real ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers.core.restarts import GPU_START_S, Restart, RestartRow, record
+from helpers.lab import course_time as ct
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+MACHINE = {"cpu": "Test CPU", "isa": "AVX-512", "cores": 2, "arch": "x86_64"}
+md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+
+
+def synthetic() -> nbformat.NotebookNode:
+    """Title (with its Time line), parameters, a core section, a Go deeper section, then What we learned."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [md("# 09 · A lesson\n\nOne two three.\n\n**Time:** about 5 minutes (typed by hand).\n"),  # 0: 13 words
+                code("N = 3  # size", metadata={"tags": ["parameters"]}),                                 # 1: 3
+                md("## 1. Core\nfour words here now"),                                                    # 2: 6
+                code("print(N)"),                                                                         # 3: 1
+                md("## Go deeper: the rest\nsix words that are not core"),                              # 4: 10
+                code("print('deep')"),                                                                    # 5: 1 deeper
+                md("## What we learned\nseven"),                                                          # 6: 4
+                code("print('done')")]                                                                    # 7: 1
+    return nb
+
+
+def cells_record(test: str, parameters: str, cells: list[tuple[int, float, str]], at: str = "2026-01-01T00:00:00Z"):
+    return {"notebook": "09_lesson.ipynb", "test": test, "recorded_at": at, "parameters": parameters,
+            "seconds": sum(c[1] for c in cells),
+            "cells": [{"index": i, "seconds": s, "section": "", "first_line": f} for i, s, f in cells]}
+
+
+def test_words_count_tokens_with_a_letter_or_a_digit():
+    assert ct.words("# Title | --- | a_b 12 `x`") == 4  # "Title", "a_b", "12", "`x`"
+    assert ct.words("") == 0
+
+
+def test_the_core_path_ends_at_the_go_deeper_heading_and_takes_back_what_we_learned():
+    nb = synthetic()
+    assert ct.core_cells(nb) == [True, True, True, True, False, False, True, True]
+    row = ct.course_time("09_lesson", nb, None, None)
+    assert (row.core_words, row.all_words) == (13 + 3 + 6 + 1 + 4 + 1, 13 + 3 + 6 + 1 + 10 + 1 + 4 + 1)
+    assert row.reading_min == pytest.approx(row.core_words / ct.WORDS_PER_MINUTE, abs=0.01)
+
+
+def test_a_notebook_without_go_deeper_is_all_core_and_a_heading_inside_a_cell_is_refused():
+    nb = nbformat.v4.new_notebook(cells=[md("# A\n\nwords"), code("x = 1")])
+    assert ct.core_cells(nb) == [True, True]
+    nb.cells.append(md("Some text first.\n\n## Go deeper: hidden"))
+    with pytest.raises(ct.CourseTimeError, match="09_x: cell 2: its '## Go deeper' heading is not the cell's first"):
+        ct.course_time("09_x", nb, None, None)
+
+
+def test_cell_seconds_follow_the_injected_parameters_cell_and_flag_cells_of_an_older_notebook():
+    nb = synthetic()
+    record = cells_record("tests/test_nb09_local.py::t", "# Parameters injected by `workshop run`\nN = 1",
+                          [(1, 0.5, "N = 3  # size"), (2, 0.25, "# Parameters injected by `workshop run`"),
+                           (4, 10.0, "print(N)"), (6, 100.0, "print('deep')"), (8, 1.0, "print('done')"),
+                           (9, 7.0, "print('gone')")])
+    times = ct.split_cell_times(nb, record)
+    assert (times.core_s, times.deeper_s) == (11.75, 100.0)
+    assert (times.unmatched, times.unmatched_s) == (1, 7.0)
+    plain = ct.split_cell_times(nb, cells_record("t", "", [(3, 2.0, "print(N)"), (5, 3.0, "print('deep')")]))
+    assert (plain.core_s, plain.deeper_s, plain.unmatched) == (2.0, 3.0, 0)
+
+
+def test_the_latest_local_path_record_is_taken_and_the_cluster_path_is_not(tmp_path):
+    for folder, at in (("test_nb09_local", "2026-01-02T00:00:00Z"), ("test_other_local", "2026-01-01T00:00:00Z"),
+                       ("test_k8s_path_notebooks", "2026-01-03T00:00:00Z")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "09_lesson.json").write_text(json.dumps(cells_record(folder, "", [(3, 1.0, "x")], at)))
+    assert ct.cells_record(tmp_path, "09_lesson")["test"] == "test_nb09_local"
+    assert ct.cells_record(tmp_path, "10_missing") is None
+
+
+def test_restart_rows_from_printed_lines_a_log_with_its_executed_notebook_or_a_folder(tmp_path):
+    text = tmp_path / "k8s.txt"
+    text.write_text("ok ...\n" + RestartRow("05_quantization (400 s here)", 3, 4, 120.0).encode() + "\n"
+                    + RestartRow("05_quantization", 2, 2, 60.0).encode() + "\nnoise\n")
+    assert ct.restart_rows(text) == {"05_quantization": RestartRow("05_quantization", 3, 4, 120.0)}
+    (tmp_path / "empty.txt").write_text("no rows\n")
+    with pytest.raises(ct.CourseTimeError, match="no `restarts"):
+        ct.restart_rows(tmp_path / "empty.txt")
+
+    run = tmp_path / "run"
+    run.mkdir()
+    executed = synthetic()
+    for index, (start, end) in {3: ("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z"),
+                                5: ("2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z")}.items():
+        executed.cells[index].metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
+    nbformat.write(executed, run / "09_lesson.ipynb")
+    t0 = 1767225600.0  # 2026-01-01T00:00:00Z
+    record(run / "09_lesson.restarts.jsonl", Restart(t0 + 5, "--max-num-seqs 8", 30.0, "ready"))   # in cell 3: core
+    record(run / "09_lesson.restarts.jsonl", Restart(t0 + 25, "--max-num-seqs 64", 30.0, "ready"))  # cell 5: deeper
+    assert ct.restart_rows(run) == {"09_lesson": RestartRow("09_lesson", 1, 2, 60.0)}
+    (run / "09_lesson.ipynb").unlink()
+    with pytest.raises(ct.CourseTimeError, match="executed 09_lesson.ipynb is not beside it"):
+        ct.restart_rows(run / "09_lesson.restarts.jsonl")
+    with pytest.raises(ct.CourseTimeError, match="no such restart record"):
+        ct.restart_rows(tmp_path / "nowhere.txt")
+
+
+def test_the_total_and_the_verdict_say_what_was_not_measured():
+    nb = synthetic()
+    cells = cells_record("t", "", [(3, 120.0, "print(N)")])
+    full = ct.course_time("09_lesson", nb, cells, RestartRow("09_lesson", 2, 3, 50.0))
+    gpu_min = 2 * GPU_START_S[ct.RESTART_KIND] / 60
+    assert full.gpu_restart_min == pytest.approx(gpu_min, abs=0.01)
+    assert full.total_min == pytest.approx(full.reading_min + 2 + gpu_min, abs=0.01) and full.within is True
+    assert ct.verdict(full) == "yes"
+    unknown = ct.course_time("09_lesson", nb, cells, None)
+    assert unknown.total_min is None and unknown.within is None and unknown.missing() == ["restarts"]
+    assert ct.verdict(unknown).startswith("cannot tell (restarts not measured")
+    long = ct.course_time("09_lesson", nb, cells_record("t", "", [(3, 13 * 60.0, "print(N)")]), None)
+    assert long.within is False and "at least" in ct.verdict(long)  # over the budget even without the restarts
+    lines = ct.table_lines([full, unknown])
+    assert lines[0].split()[:3] == ["notebook", "core", "words"] and "not measured" in lines[2]
+
+
+def _record(rows):
+    return ct.make_record(rows, MACHINE, "0123456789abcdef", "not measured")
+
+
+def test_the_time_line_is_generated_from_the_record_and_names_its_parts():
+    nb = synthetic()
+    measured = ct.course_time("09_lesson", nb, cells_record("t", "", [(3, 90.0, "print(N)")]),
+                              RestartRow("09_lesson", 1, 3, 40.0))
+    record = json.loads(json.dumps(_record([measured])))  # as read back from the file
+    line = ct.time_line(record["notebooks"][0], record)
+    assert line.startswith("**Time:** the core path takes about ")
+    assert "1.5 running on the CPU path (a 2-core Test CPU (AVX-512))" in line
+    assert "for 1 engine restart on a GPU" in line and "the Go deeper sections add 2 restarts" in line
+    assert "commit 0123456789ab" in line and "`workshop course-time --write`" in line
+    bare = json.loads(json.dumps(_record([ct.course_time("09_lesson", nb, None, None)])))
+    assert "at least" in ct.time_line(bare["notebooks"][0], bare) and "not measured" in ct.time_line(bare["notebooks"][0], bare)
+
+
+def test_writing_the_time_lines_changes_only_that_line_and_the_check_then_passes(tmp_path):
+    path = tmp_path / "09_lesson.ipynb"
+    nbformat.write(synthetic(), path)
+    before = nbformat.read(path, as_version=4)
+    record = json.loads(json.dumps(_record([ct.course_time("09_lesson", before, None, None)])))
+    assert ct.time_line_problems([path], record) == [f"09_lesson.ipynb: its Time line is not the record's; run "
+                                                     f"`{ct.GENERATED_BY}` (has '**Time:** about 5 minutes (typed by hand).'...)"]
+    assert ct.write_time_lines([path], record) == [path]
+    after = nbformat.read(path, as_version=4)
+    assert ct.time_line_problems([path], record) == []
+    assert [c.source for c in after.cells[1:]] == [c.source for c in before.cells[1:]]
+    assert [c.get("id") for c in after.cells] == [c.get("id") for c in before.cells]
+    assert after.cells[0].source.startswith("# 09 · A lesson\n\nOne two three.\n\n**Time:** the core path takes")
+    assert ct.write_time_lines([path], record) == []  # already current: nothing written
+
+    lost = tmp_path / "10_lost.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[md("# 10\nno time line"), code("x = 1")]), lost)
+    record["notebooks"].append(dict(record["notebooks"][0], notebook="10_lost"))
+    with pytest.raises(ct.CourseTimeError, match="no '\\*\\*Time:\\*\\*' line"):
+        ct.write_time_lines([lost], record)
+    assert ct.time_line_problems([lost], record) == ["10_lost.ipynb: 0 '**Time:**' lines before the first code cell, "
+                                                     "expected one"]
+    assert ct.time_line_problems([tmp_path / "09_lesson.ipynb"], {"notebooks": []}) == [
+        f"09_lesson.ipynb: not in the record; regenerate it with `{ct.GENERATED_BY}`"]
+
+
+def test_a_missing_or_damaged_record_says_how_to_make_one(tmp_path):
+    with pytest.raises(ct.CourseTimeError, match="run `workshop course-time --write`"):
+        ct.read_record(tmp_path / "course_time.json")
+    (tmp_path / "course_time.json").write_text("{not json")
+    with pytest.raises(ct.CourseTimeError, match="not JSON"):
+        ct.read_record(tmp_path / "course_time.json")
+
+
+def test_course_time_write_on_copies_of_the_real_notebooks(tmp_path, capsys):
+    """`workshop course-time --write` on copies: every Time line becomes the record's, nothing else changes."""
+    from helpers.cli.main import main
+
+    copies, cells = tmp_path / "notebooks", tmp_path / "cells" / "test_nb01_local"
+    copies.mkdir()
+    cells.mkdir(parents=True)
+    for path in ct.course_notebooks(NOTEBOOKS):
+        shutil.copy(path, copies / path.name)
+    first = nbformat.read(copies / "01_connect_and_first_agent.ipynb", as_version=4)
+    code_cells = [(i, c) for i, c in enumerate(first.cells) if c.cell_type == "code"][:3]
+    (cells / "01_connect_and_first_agent.json").write_text(json.dumps(
+        {"notebook": "01_connect_and_first_agent.ipynb", "test": "tests/test_nb01_local.py::t", "recorded_at": "now",
+         "parameters": "", "cells": [{"index": i, "seconds": 60.0, "section": "",
+                                      "first_line": ct._first_line(c.source)} for i, c in code_cells]}))
+    restarts = tmp_path / "k8s.txt"
+    restarts.write_text(RestartRow("01_connect_and_first_agent", 0, 0, 0.0).encode() + "\n")
+    before = {p.name: nbformat.read(p, as_version=4) for p in copies.glob("*.ipynb")}
+    assert main(["course-time", "--notebooks", str(copies), "--cells", str(tmp_path / "cells"),
+                 "--restarts", str(restarts), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert "01_connect_and_first_agent" in out and "wrote course_time.json" in out
+    record = ct.read_record(copies / ct.RECORD_NAME)
+    assert record["machine"]["cores"] >= 1 and record["restarts_source"] == "k8s-path run: k8s.txt"
+    entry = {e["notebook"]: e for e in record["notebooks"]}["01_connect_and_first_agent"]
+    assert entry["run_s"] == 180.0 and entry["restarts_core"] == 0 and entry["run"]["test"].endswith("::t")
+    paths = ct.course_notebooks(copies)
+    assert ct.time_line_problems(paths, record) == []
+    for path in paths:  # only the Time line changed
+        after, old = nbformat.read(path, as_version=4), before[path.name]
+        changed = [i for i, (a, b) in enumerate(zip(after.cells, old.cells)) if a.source != b.source]
+        assert len(after.cells) == len(old.cells) and len(changed) <= 1
+        for i in changed:
+            assert [x for x in after.cells[i].source.splitlines() if not x.startswith("**Time:**")] == \
+                   [x for x in old.cells[i].source.splitlines() if not x.startswith("**Time:**")]
+
+
+# NOTE for the lead (issue 27 part 1): this is the check of the REAL notebooks against the committed record. It fails
+# until `workshop course-time --write` has been run once the notebooks' restructuring is done (the record
+# notebooks/course_time.json does not exist yet, and the Time lines are still typed). strict=True: once the record
+# is generated and the lines written, this test XPASSes and the suite fails, saying to remove this marker.
+@pytest.mark.xfail(strict=True, raises=(AssertionError, ct.CourseTimeError),
+                   reason="NOTE: enable after `workshop course-time --write` (remove this xfail marker)")
+def test_every_notebooks_time_line_matches_the_committed_record():
+    record = ct.read_record(NOTEBOOKS / ct.RECORD_NAME)
+    assert ct.time_line_problems(ct.course_notebooks(NOTEBOOKS), record) == []
