@@ -231,3 +231,70 @@ def test_structured_tpot_is_judged_against_the_rounds_spread():
     assert noise.verdict == WITHIN_NOISE and "no measurable cost" in noise.text
     faster = structured_tpot(_answers([True] * 3, [False] * 3, [2.0, 2.05, 2.1], [3.0, 3.05, 3.1]))
     assert faster.verdict == NOT_SHOWN
+
+
+# ---------------------------------------------------------------- Go deeper's search: run here, or the room's file
+
+def _lab_on(model: str, gpu: str):
+    from types import SimpleNamespace
+
+    from helpers.core.settings import load_settings
+
+    settings = load_settings({"WORKSHOP_GPU": gpu})
+    return SimpleNamespace(model=model, settings=settings)
+
+
+def _search_frame():
+    import pandas as pd
+
+    return pd.DataFrame([{"step": 0, "change": "baseline", "kept": None, "why": "baseline", "c8_output_tok_s": 10.0,
+                          "c8_output_tok_s_runs": [9.9, 10.1]},
+                         {"step": 1, "change": "--max-num-seqs (default) -> 32", "kept": True, "why": "faster"},
+                         {"step": 2, "change": "--kv-cache-dtype (default) -> fp8", "kept": False, "why": "slower"}])
+
+
+def test_the_search_written_for_the_room_is_read_back_with_its_provenance_and_refused_elsewhere(tmp_path, monkeypatch,
+                                                                                              capsys):
+    from helpers.lessons import l08_tuning as l08
+
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr("helpers.measure.results_file.vllm_version", lambda settings: "0.33.0")
+    lab = _lab_on("Qwen/Qwen3-4B", "L4")
+    l08.save_search(lab, _search_frame(), {"REPEATS": 2})
+    assert f"Wrote the search to {tmp_path / '08-search.json'}: put it in" in capsys.readouterr().out
+    assert (tmp_path / f"{l08.SEARCH_RESULTS}.json").is_file()
+    rows = l08.load_search(lab)
+    out = capsys.readouterr().out
+    assert out.startswith(f"{l08.SEARCH_RESULTS}: measured ") and "on L4 serving Qwen/Qwen3-4B, vLLM 0.33.0" in out
+    assert "REPEATS=2" in out and list(rows["change"]) == list(_search_frame()["change"])
+    conclusion = l08.search_conclusion(rows, ran_here=False)
+    assert conclusion.text == ("Every candidate, the core path's and Go deeper's search, from the instructor's results "
+                               "file (its provenance printed above): 1 of 2 changes kept (--max-num-seqs (default) -> 32).")
+    assert l08.load_search(_lab_on("Qwen/Qwen3-4B", "H100 SXM")) is None  # another GPU: refused, with what to do
+    out = capsys.readouterr().out
+    assert out.startswith("The search did not run (RUN_GO_DEEPER is False): ") and "on L4, but your engine serves" in out
+
+
+def test_without_a_results_file_the_search_says_how_to_run_it(tmp_path, monkeypatch, capsys):
+    from helpers.lessons import l08_tuning as l08
+
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    assert l08.load_search(_lab_on("Qwen/Qwen3-4B", "L4")) is None
+    out = capsys.readouterr().out
+    assert "No results file" in out and "RUN_GO_DEEPER=True" in out and out.count("\n") == 1
+    assert "did not run here and no results file" in l08.search_conclusion(None, ran_here=False).text
+
+
+def test_a_roll_back_that_reorders_the_flags_is_the_same_configuration_and_restarts_nothing():
+    from helpers.lessons.l08_tuning import baseline_restored, resume, same_configuration
+
+    base = EngineConfig("m", "m", ("--max-num-seqs", "8", "--max-model-len", "4096"))
+    reordered = EngineConfig("m", "m", ("--max-model-len", "4096", "--max-num-seqs", "8"))
+    assert same_configuration(base, reordered) and not same_configuration(base, EngineConfig("m", "m", base.args[:2]))
+    engine = RecordingEngine(reordered)
+    with baseline_restored(engine, base, show=lambda _: None):
+        resume(engine, base)
+    assert engine.applied == []
+    with baseline_restored(engine, base, show=lambda _: None):
+        engine.set_flag("--max-num-seqs", 16)
+    assert len(engine.applied) == 2 and same_configuration(engine.config(), base)

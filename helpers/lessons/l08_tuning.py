@@ -28,12 +28,16 @@ from helpers.core.comparison import (BETTER, SAME, SINGLE_RUN_NOISE_REL, UNKNOWN
                                      relative_spread)
 from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
-from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
-from helpers.core.vllm_args import CPU_ONLY_FLAGS, EngineConfig, server_args
+from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion
+from helpers.core.vllm_args import CPU_ONLY_FLAGS, EngineConfig, flag_value, server_args
 from helpers.core.settings import GPU_MODEL, Settings, models_dir
+from helpers.engine.interface import EngineStartError
+from helpers.engine.k8s_change import change_one_flag
 from helpers.evals.structured import FREE, SCHEMA, run_structured_ab
 from helpers.evals.structured import summary as structured_summary
+from helpers.evals.suite import compare as compare_evals
 from helpers.hardware.machine import check_quiet
+from helpers.measure.results_file import ResultsError, load_results, provenance, write_results
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
@@ -41,12 +45,15 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 __all__ = [
     # re-exported from the floors below, for the notebook
     "check_prediction", "check_quiet", "models_dir", "report", "should_see", "should_see_conclusion",
+    # the engine interface and the eval comparison the mechanism cell's loop calls
+    "EngineStartError", "change_one_flag", "check_exercise", "compare_evals", "flag_value",
     # this lesson's own
     "CPU_ONLY_FLAGS", "Decision", "Rule", "TuningLog", "TuningRun", "baseline_restored", "cluster_model",
     "command_line", "decide", "deployment_caveat", "gpu_configuration", "gpu_line_check", "hypothetical_row", "kv_capacity_check",
     "manifest_patch", "measure_repeated", "relative_rule", "rule_outcome", "run_structured_ab", "scorecard_view",
     "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
-    "by_profile",
+    "by_profile", "SEARCH_RESULTS", "candidate_flags", "load_search", "resume", "save_search", "same_configuration",
+    "search_conclusion", "slo_check_problem", "slo_on_this_run", "SLO_HINT",
 ]
 
 
@@ -302,6 +309,14 @@ def deployment_caveat(profile: str) -> Conclusion:
 
 # ---------------------------------------------------------------- the tuning session (notebook 08)
 
+def same_configuration(a: EngineConfig, b: EngineConfig) -> bool:
+    """Do two configurations run the same engine: the same model, name and environment and the same flags in any
+    order (a flag set back by a roll-back moves to the end of the arguments: that is no reason to restart)."""
+    from helpers.core.vllm_args import flags
+
+    return replace(a, args=()) == replace(b, args=()) and flags(a.args) == flags(b.args)
+
+
 @contextmanager
 def baseline_restored(engine: Any, baseline: EngineConfig | None = None, show: Callable[[str], None] = print):
     """Run the block, then put ``engine`` back on ``baseline`` (default: its configuration on entry), also
@@ -313,7 +328,7 @@ def baseline_restored(engine: Any, baseline: EngineConfig | None = None, show: C
         yield baseline
     finally:
         now = engine.config()
-        if now != baseline:
+        if not same_configuration(now, baseline):
             show(f"Putting the engine back on its baseline ({describe_change(now, baseline)})...")
             engine.apply(baseline)
 
@@ -334,11 +349,6 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
     """For each (flag, value): change it (as a manifest change: helpers/engine/k8s_change.py), ``measure`` it,
     keep it by ``rule`` or set the flag back; every step goes into ``log``. A flag vLLM refuses is rolled
     back by the engine interface and logged as refused. ``model``: the cluster's model for the patches shown."""
-    from helpers.engine.interface import EngineStartError
-    from helpers.evals.suite import compare
-    from helpers.engine.k8s_change import change_one_flag
-    from helpers.core.vllm_args import flag_value
-
     changes = []
     for flag, value in candidates:
         previous = flag_value(lab.engine.args(), flag)
@@ -346,12 +356,11 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
         try:
             changes.append(change_one_flag(lab.engine, flag, value, model))
         except EngineStartError as err:
-            log.record(change, {"config": change}, None)
-            log.steps[-1].update(kept=False, why=f"vLLM refused it: {str(err).splitlines()[0]}")
+            log.record(change, {}, Decision(False, (f"vLLM refused it: {str(err).splitlines()[0]}",)))
             continue
         print(check_quiet(lab).message())
         row, run = measure(change)
-        decision = decide(current, row, rule, compare(current_eval, run).regressed)
+        decision = decide(current, row, rule, compare_evals(current_eval, run).regressed)
         log.record(change, row, decision)
         print(f"{'KEEP    ' if decision.keep else 'ROLLBACK'} {change}: {'; '.join(decision.reasons)}")
         if decision.keep:
@@ -359,6 +368,104 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
         else:
             lab.engine.set_flag(flag, previous)
     return TuningRun(current, current_eval, lab.engine.config(), changes)
+
+
+def candidate_flags(candidates: list[Any], memory_knob: tuple[str, Any]) -> list[tuple[str, Any]]:
+    """The (flag, value) pairs of a parameters cell's candidates: ``"MEMORY"`` stands for the profile's memory knob."""
+    return [tuple(memory_knob) if c == "MEMORY" else tuple(c) for c in candidates]
+
+
+def resume(engine: Any, config: EngineConfig) -> None:
+    """Put ``engine`` on ``config`` (where an earlier loop ended) unless it runs it already: no restart for nothing."""
+    if not same_configuration(engine.config(), config):
+        engine.apply(config)
+
+
+# ---------------------------------------------------------------- Go deeper: the search, run once for the room
+
+SEARCH_RESULTS = "08-search"  # the results file's name (helpers/measure/results_file.py)
+
+
+def save_search(lab: Lab, scorecard: Any, parameters: dict[str, Any], name: str = SEARCH_RESULTS) -> Any:
+    """Write the search's scorecard as a results file with its provenance (for the room, once) and say where; the
+    scorecard back."""
+    import pandas as pd
+
+    rows = pd.DataFrame(scorecard).drop(columns=[c for c in scorecard if str(c).endswith("_runs")], errors="ignore")
+    path = write_results(name, rows, provenance(lab, parameters))
+    print(f"Wrote the search to {path}: put it in the room's WORKSHOP_RESULTS_DIR so attendees on "
+          f"{lab.model} on {lab.settings.gpu} read it instead of running it.")
+    return scorecard
+
+
+def load_search(lab: Lab, name: str = SEARCH_RESULTS) -> Any:
+    """The instructor's search for this engine's model and GPU (its provenance printed), or None with the one
+    sentence that says how to get it (the results file is missing or measured elsewhere)."""
+    try:
+        rows, _ = load_results(name, lab.model, lab.settings.gpu)
+    except ResultsError as err:
+        print(f"The search did not run (RUN_GO_DEEPER is False): {err}")
+        return None
+    return rows
+
+
+def search_conclusion(search: Any, ran_here: bool) -> Conclusion:
+    """One line on Go deeper's search: which candidates it kept, from this run or from the instructor's file."""
+    if search is None:
+        return Conclusion("Go deeper's search over more candidates did not run here and no results file of it was "
+                          "found: the lines above cover the core path's candidates only.")
+    steps = search[search["kept"].notna()] if "kept" in search else search.iloc[0:0]
+    kept = [str(c) for c in steps[steps["kept"] == True]["change"]]  # noqa: E712
+    source = "this run" if ran_here else "the instructor's results file (its provenance printed above)"
+    return Conclusion(f"Every candidate, the core path's and Go deeper's search, from {source}: {len(kept)} of "
+                      f"{len(steps)} changes kept" + (f" ({'; '.join(kept)})." if kept else "."))
+
+
+# ---------------------------------------------------------------- write it yourself: the SLO half of the rule
+
+SLO_HINT = ("the SLO holds when the candidate's p90 TTFT is at most slo_x times the baseline's: one comparison, "
+            "and at exactly slo_x times it still holds.")
+_SLO_CASES = ((100.0, 100.0, 1.5), (150.0, 100.0, 1.5), (151.0, 100.0, 1.5), (140.0, 100.0, 1.2), (240.0, 100.0, 2.5),
+              (90.0, 100.0, 1.0))
+
+
+def _slo_reference(candidate_ms: float, baseline_ms: float, slo_x: float) -> bool:
+    """The rule's own SLO test (``relative_rule`` then ``decide``), on plain numbers."""
+    rule = relative_rule({"p90": baseline_ms, "tok_s": 1.0}, "tok_s", "p90", slo_x=slo_x)
+    return not any("SLO" in r for r in decide({"tok_s": 1.0}, {"tok_s": 1.0, "p90": candidate_ms}, rule).reasons)
+
+
+def slo_check_problem(answer: Any) -> str | None:
+    """None when ``answer(candidate_ms, baseline_ms, slo_x)`` says what the rule says on every case, else what is
+    wrong (the first case it gets wrong)."""
+    if not callable(answer):
+        return f"my_slo_holds should be a function of (candidate_ms, baseline_ms, slo_x), not {type(answer).__name__}."
+    for candidate, baseline, x in _SLO_CASES:
+        try:
+            got = answer(candidate, baseline, x)
+        except Exception as err:  # the learner's code: say what broke
+            return f"my_slo_holds({candidate:g}, {baseline:g}, {x:g}) raised {type(err).__name__}: {err}."
+        want = _slo_reference(candidate, baseline, x)
+        if not isinstance(got, bool) and type(got).__name__ != "bool_":  # numpy's bool too
+            return f"my_slo_holds({candidate:g}, {baseline:g}, {x:g}) returned {got!r}: return True or False."
+        if bool(got) != want:
+            return (f"a p90 TTFT of {candidate:g} ms against a baseline of {baseline:g} ms with slo_x={x:g} "
+                    f"{'holds' if want else 'breaks'} the SLO (limit {x * baseline:g} ms), but yours says {bool(got)}.")
+    return None
+
+
+def slo_on_this_run(scorecard: Any, rule: Rule) -> str:
+    """The SLO on this run's steps, as the rule saw them: the limit and each step's p90 TTFT, held or broken."""
+    if rule.latency is None or rule.max_latency_ms is None:
+        return "This run has no latency SLO (the baseline had no p90 TTFT)."
+    def verdict(value: Any) -> str:
+        if value is None or value != value:
+            return "no measurement (the engine refused it)"
+        return f"{value:,.0f} ms, {'holds' if value <= rule.max_latency_ms else 'breaks'}"
+
+    shown = "; ".join(f"{r['change']}: {verdict(r.get(rule.latency))}" for _, r in scorecard.iloc[1:].iterrows())
+    shown = shown or "no candidate measured"
+    return f"On this run the limit is {rule.max_latency_ms:,.0f} ms ({rule.slo_x:g}x the baseline's): {shown}."
 
 
 def kv_capacity_check(scorecard: Any, flag: str) -> tuple[bool | None, str]:
