@@ -4,7 +4,8 @@ Every pytest run writes, under ``build/``:
 
 - ``test-times.json`` and ``test-times.md``: per test file, the seconds its tests took (setup, call and teardown,
   on the worker that ran them), how many tests and failures, the real vLLM starts it made and their seconds (from
-  the engine's own start records, ``helpers.engine.local.recorded_start``), and per area the time against its budget.
+  the engine's own start records, ``helpers.engine.local.recorded_start``: the local engine's, and each pod the
+  cluster path's kubectl double starts, tests/kube_double/double.py), and per area the time against its budget.
 - ``notebook-cells/<test file>/<notebook>.json``: for each workshop notebook a test executed, the seconds of every cell
   (nbclient's timing), the parameters injected and the test that ran it, to choose CI parameters by measurement.
 

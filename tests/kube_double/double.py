@@ -17,6 +17,11 @@ does not restart it). Every model a pod is asked to serve (``--model`` and a ``-
 draft) is appended to ``served.jsonl``; every call to ``calls.jsonl``. ``forbid`` in the state refuses
 those verbs the way the API server refuses them under the participant's Role.
 
+Each pod start is one of the engine's own start records (``helpers.engine.local.recorded_start``, appended to
+the records file of the process that created the namespace, so the suite's time table counts it): the pod's first
+process is a launcher that times the container from spawn to ready (or to its exit, or its stop) and then leaves
+it running. A pod of ``vllm_command`` other than the CPU build is recorded under that command's name, not as vLLM.
+
 What it cannot show (k8s/README.md, "What the suite's kubectl double cannot show"): scheduling (GPU
 requests, node selectors, taints, quota), image pulls, probe timing (the kubelet's periods, failure
 thresholds, restarts with back-off), the init container's wait for the room's download, NFS (the
@@ -44,9 +49,12 @@ from typing import Any, Iterator
 
 import yaml
 
-from helpers.core.vllm_args import CPU_ENGINE_ENV, translate_for_cpu
+from helpers.core.vllm_args import CPU_ENGINE_ENV, EngineConfig, config_from_args, translate_for_cpu
 
 ENGINE = "vllm"  # the Deployment (and container) that runs as a process
+LAUNCH = "--kube-double-launch"  # double.py LAUNCH <spec file>: a pod's first process (``launch``), not a kubectl call
+READY_POLL_S = 0.2
+START_WAIT_S = 3600.0  # a launcher gives up timing a pod that neither serves nor exits after this long
 VALUE_OPTIONS = {"-n", "--namespace", "-o", "--output", "-l", "--selector", "-p", "--patch", "-c", "--container",
                  "--type", "--timeout", "--tail", "--field-selector", "--field-manager", "-k", "--kustomize"}
 SA = "system:serviceaccount:{ns}:workshop-participant"
@@ -96,9 +104,12 @@ def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl
     for d in deployments.values():
         d["metadata"].setdefault("annotations", {})["deployment.kubernetes.io/revision"] = "1"
         d["metadata"]["generation"] = 1
+    from helpers.engine.local import start_record_path
+
     state = {"namespace": namespace, "deployments": deployments, "pod": None, "clock": 0, "port": port,
              "models_root": str(models_root), "real_kubectl": real_kubectl, "forbid": [],
              "vllm": list(vllm_command or VLLM_COMMAND),
+             "start_records": str(start_record_path()),  # this process's: the test that made the namespace
              "objects": [d for d in docs if d["kind"] in ("ConfigMap", "Secret")]}
     root.mkdir(parents=True, exist_ok=True)
     (root / "state.json").write_text(json.dumps(state))
@@ -226,6 +237,12 @@ def _record_models(root: Path, args: list[str], pod: str) -> None:
             out.write(json.dumps({"model": m, "pod": pod}) + "\n")
 
 
+def _stand_in_name(command: list[str]) -> str:
+    """The server name a start record gives a pod that runs ``command`` instead of vLLM: its words after the
+    interpreter, file names without their folder (``fake_serve.py``)."""
+    return " ".join(Path(word).name if "/" in word else word for word in command[1:])[:80] or Path(command[0]).name
+
+
 def _start_pod(root: Path, state: dict[str, Any]) -> None:
     deployment = state["deployments"][ENGINE]
     if deployment["spec"].get("replicas", 1) == 0:
@@ -240,13 +257,63 @@ def _start_pod(root: Path, state: dict[str, Any]) -> None:
     log = root / "logs" / f"{name}.log"
     log.parent.mkdir(exist_ok=True)
     exit_file = root / "logs" / f"{name}.exit"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; echo $? > "$EXIT_FILE"', "sh", *command],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**env, "EXIT_FILE": str(exit_file)}, start_new_session=True)
+    config = config_from_args(container.get("args", [])) or EngineConfig("", "")  # as the Deployment names it
+    spec = {"command": command, "exit_file": str(exit_file), "port": state["port"], "api_key": _api_key(state),
+            "config": config.to_json(),
+            "records": state.get("start_records"),
+            "server": None if state["vllm"] == list(VLLM_COMMAND) else _stand_in_name(state["vllm"])}
+    spec_file = root / "logs" / f"{name}.start.json"
+    spec_file.write_text(json.dumps(spec))
+    with open(log, "wb") as out:  # the launcher leads the pod's process group: stopping the pod stops it too
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), LAUNCH, str(spec_file)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
     state["pod"] = {"name": name, "pid": proc.pid, "log": str(log), "exit_file": str(exit_file),
                     "hash": template_hash, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "started_at": time.time(), "command": command}
+
+
+class _PodExited(Exception):
+    """The container exited before it served: the start is recorded as not ready."""
+
+
+def _serves(port: int, key: str | None) -> bool:
+    """The readiness probe's request: /v1/models with the key answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=4) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def launch(spec_file: Path) -> int:
+    """A pod's first process: start its container (``/bin/sh`` writing the exit code to the pod's exit file) inside
+    the engine's own ``recorded_start``, wait until it serves, exits or the pod is stopped (SIGTERM), then leave it
+    running. The record goes to the namespace's records file, under ``server`` when the pod is not the CPU vLLM."""
+    spec = json.loads(spec_file.read_text())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped while starting: the record says not ready
+    from helpers.engine import local
+
+    if spec.get("records"):
+        os.environ[local.START_RECORD_VARIABLE] = spec["records"]
+    if spec.get("server"):
+        local.SERVER_MODULE = spec["server"]  # a stand-in of vLLM: counted apart from real starts
+    exit_file = Path(spec["exit_file"])
+    try:
+        with local.recorded_start(spec["port"], EngineConfig.from_json(spec["config"])) as launched:
+            launched()  # before the spawn: a stop that comes after it finds the start counted
+            subprocess.Popen(["/bin/sh", "-c", '"$@"; echo $? > "$EXIT_FILE"', "sh", *spec["command"]],
+                             stdin=subprocess.DEVNULL, env={**os.environ, "EXIT_FILE": str(exit_file)})
+            deadline = time.monotonic() + START_WAIT_S
+            while not _serves(spec["port"], spec.get("api_key")):
+                if exit_file.exists() or time.monotonic() > deadline:
+                    raise _PodExited
+                time.sleep(READY_POLL_S)
+    except _PodExited:
+        return 1
+    return 0
 
 
 def _group_alive(pgid: int) -> bool:
@@ -292,14 +359,7 @@ def _api_key(state: dict[str, Any]) -> str | None:
 
 def _ready(state: dict[str, Any]) -> bool:
     """The readiness probe's request: /v1/models with the key answers."""
-    key = _api_key(state)
-    request = urllib.request.Request(f"http://127.0.0.1:{state['port']}/v1/models",
-                                     headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(request, timeout=4) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    return _serves(state["port"], _api_key(state))
 
 
 def _pod_object(state: dict[str, Any]) -> dict[str, Any]:
@@ -565,4 +625,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(launch(Path(sys.argv[2])) if sys.argv[1:2] == [LAUNCH] else main(sys.argv[1:]))
