@@ -130,3 +130,95 @@ def test_what_is_not_cost_and_the_other_runtimes_have_their_sources() -> None:
     runtimes = runtimes_table()
     assert {"SGLang", "TensorRT-LLM", "llama.cpp", "Ollama"} == set(runtimes["runtime"])
     assert all("." in s for s in runtimes["source"])  # every row names where it was read
+
+
+# ---------------------------------------------------------------- the workshop model thinks
+
+from dataclasses import replace  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from fakes import RecordingEngine  # noqa: E402
+from helpers.core.settings import load_settings  # noqa: E402
+from helpers.core.vllm_args import EngineConfig, flag_value  # noqa: E402
+from helpers.evals.agent import AgentRun, AgentStep  # noqa: E402
+from helpers.lessons.l01_connect import conclude_thinking, thinking_model_served  # noqa: E402
+
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+K8S = load_settings({"VLLM_HOST": "http://vllm-engine:8000/v1", "NAMESPACE": "ws-01"})
+
+
+def _lab(settings, config, reconfigurable=True):
+    engine = RecordingEngine(config)
+    engine.reconfigurable = reconfigurable
+    return SimpleNamespace(settings=settings, engine=engine, model=config.served_name)
+
+
+def test_on_the_cluster_the_thinking_model_is_the_baseline_and_nothing_restarts(capsys):
+    baseline = EngineConfig("Qwen/Qwen3-4B", "Qwen/Qwen3-4B", (*TOOL_FLAGS, "--reasoning-parser", "qwen3"))
+    lab = _lab(K8S, baseline)
+    with thinking_model_served(lab) as model:
+        assert model == "Qwen/Qwen3-4B"
+    assert lab.engine.applied == [] and "no restart" in capsys.readouterr().out
+
+
+def test_on_a_cpu_the_stand_in_is_served_with_the_parser_and_the_baseline_comes_back(capsys):
+    baseline = EngineConfig("/models/tiny-agent", "tiny-agent", ("--max-model-len", "4096", *TOOL_FLAGS))
+    lab = _lab(load_settings({}), baseline)
+    with pytest.raises(RuntimeError, match="inside"):  # back to the baseline whatever happened in the block
+        with thinking_model_served(lab) as model:
+            assert model == "tiny-qwen3" and lab.engine.config().served_name == "tiny-qwen3"
+            assert flag_value(lab.engine.config().args, "--reasoning-parser") == "qwen3"
+            assert lab.engine.config().model.endswith("tiny-qwen3")
+            raise RuntimeError("inside")
+    assert len(lab.engine.applied) == 2 and lab.engine.applied[-1] == baseline
+    assert "one restart now, and one back to tiny-agent" in capsys.readouterr().out
+
+
+def test_a_cpu_engine_on_the_stand_in_already_is_not_restarted():
+    config = EngineConfig("/models/tiny-qwen3", "tiny-qwen3", (*TOOL_FLAGS, "--reasoning-parser", "qwen3"))
+    lab = _lab(load_settings({}), config)
+    with thinking_model_served(lab):
+        pass
+    assert lab.engine.applied == []
+    # the model without the parser is one restart, to add it
+    lab = _lab(load_settings({}), replace(config, args=TOOL_FLAGS))
+    with thinking_model_served(lab):
+        assert flag_value(lab.engine.config().args, "--reasoning-parser") == "qwen3"
+    assert len(lab.engine.applied) == 2
+
+
+def test_an_endpoint_run_elsewhere_is_asked_as_it_is(capsys):
+    lab = _lab(load_settings({"VLLM_HOST": "http://elsewhere:8000/v1", "WORKSHOP_PROFILE": "gpu"}),
+               EngineConfig("some/model", "some/model"), reconfigurable=False)
+    with thinking_model_served(lab) as model:
+        assert model == "some/model"
+    assert lab.engine.applied == [] and "set where it runs" in capsys.readouterr().out
+
+
+def _thought(reasoning=None, calls=(), content=None, finish="stop", question="What's the weather in Paris?"):
+    step = AgentStep(1, 0.1, 400, 60, tool_calls=list(calls), content=content, reasoning=reasoning,
+                     reasoning_tokens=40 if reasoning else None, finish_reason=finish)
+    return AgentRun(question, "answer", [step], [])
+
+
+def _call(city):
+    return {"name": "get_weather", "arguments": {"city": city}, "result": {"city": city, "temperature_c": 18}}
+
+
+def test_a_reasoning_next_to_a_tool_call_is_shown_and_its_arguments_are_judged_as_they_came():
+    right = conclude_thinking(_thought("The user asks about Paris.", [_call("Paris")]), "tiny-qwen3")
+    assert right.verdict == SHOWN and 'called get_weather({"city": "Paris"})' in right.text
+    assert "40 reasoning tokens of 60" in right.text and "they name what the question asked" in right.text
+    wrong = conclude_thinking(_thought("The user asks about a city.", [_call("Lyon")]), "tiny-qwen3")
+    assert wrong.verdict == SHOWN and "they do not match the question" in wrong.text
+
+
+def test_no_reasoning_is_said_honestly_and_a_turn_cut_while_thinking_is_named():
+    none = conclude_thinking(_thought(None, [_call("Paris")]), "Qwen/Qwen3-4B")
+    assert none.verdict == NOT_SHOWN and "returned no reasoning: it did not think here" in none.text
+    leaked = conclude_thinking(_thought(None, content="<think>hm</think> Sunny"), "tiny-qwen3")
+    assert "without --reasoning-parser qwen3" in leaked.text
+    cut = conclude_thinking(_thought("Let me think", finish="length"), "tiny-qwen3")
+    assert cut.verdict == NOT_SHOWN and "ended inside the reasoning" in cut.text
+    answered = conclude_thinking(_thought("Easy.", content="It is sunny."), "tiny-qwen3")
+    assert answered.verdict == NOT_SHOWN and "answered without a tool call" in answered.text

@@ -365,7 +365,7 @@ def _in_question(arguments: Any, question: str) -> bool:
     return bool(texts) and all(t.lower() in question.lower() for t in texts)
 
 
-def conclude_thinking(run: AgentRun, model: str) -> list[Conclusion]:
+def conclude_thinking(run: AgentRun, model: str) -> Conclusion:
     """One thinking turn of ``model`` judged: the reasoning came back apart from the content (vLLM's ``reasoning``
     field), next to a tool call; the tool call's arguments set against the question, as they came."""
     expectation = "the model thinks first: its reasoning comes back apart from the content, next to its tool call"
@@ -374,19 +374,19 @@ def conclude_thinking(run: AgentRun, model: str) -> list[Conclusion]:
     if not step.reasoning:
         leaked = "<think>" in content or "</think>" in content
         why = ("its content holds <think> tags: the engine runs without --reasoning-parser qwen3, so the reasoning "
-               "stayed in the text" if leaked else f"{model} did not think here (a model without a thinking mode "
-               "ignores enable_thinking)")
-        return [Conclusion(f"{model} returned no reasoning: {why}.", NOT_SHOWN, expectation)]
+               "stayed in the text" if leaked else "it did not think here (a model without a thinking mode ignores "
+               "enable_thinking)")
+        return Conclusion(f"the model served as {model} returned no reasoning: {why}.", NOT_SHOWN, expectation)
     tokens = f"{step.reasoning_tokens} reasoning tokens" if step.reasoning_tokens else "reasoning tokens not counted"
     thought = f"{model} thought first ({len(step.reasoning.split())} words, {tokens} of {step.completion_tokens})"
     if not step.tool_calls:
         if step.ended_in_reasoning:
-            return [Conclusion(f"{thought}, and the turn ended inside the reasoning (max_tokens): no tool call yet.",
-                               NOT_SHOWN, expectation)]
-        return [Conclusion(f"{thought}, then answered without a tool call: {content!r}.", NOT_SHOWN, expectation)]
+            return Conclusion(f"{thought}, and the turn ended inside the reasoning (max_tokens): no tool call yet.",
+                              NOT_SHOWN, expectation)
+        return Conclusion(f"{thought}, then answered without a tool call: {content!r}.", NOT_SHOWN, expectation)
     call = step.tool_calls[0]
     arguments = json.dumps(call["arguments"], ensure_ascii=False)
-    verdict = Conclusion(f"{thought}, then called {call['name']}({arguments}).", SHOWN, expectation)
     where = ("they name what the question asked" if _in_question(call["arguments"], run.question) else
-             f"they do not match the question {run.question!r}: the model wrote them, and its answer follows from them")
-    return [verdict, Conclusion(f"The arguments are the model's own: {where}.")]
+             f"they do not match the question {run.question!r}, and the answer follows from them")
+    return Conclusion(f"{thought}, then called {call['name']}({arguments}); the arguments are the model's own: {where}.",
+                      SHOWN, expectation)
