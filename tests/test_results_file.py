@@ -56,3 +56,54 @@ def test_the_provenance_names_the_engine_the_gpu_and_the_parameters(monkeypatch,
     assert (prov.model, prov.gpu, prov.engine_image, prov.vllm_version) == ("Qwen/Qwen3-4B", "L4",
                                                                            "vllm/vllm-openai:v0.33.0", None)
     assert prov.parameters == {"K_VALUES": [3]} and results_dir() == tmp_path
+
+
+# ---------------------------------------------------------------- a Go-deeper cell: measure and write, or load
+
+from helpers.measure.results_file import main, measure_or_load  # noqa: E402
+
+
+def _lab(model: str = "Qwen/Qwen3-4B", gpu: str = "L4") -> SimpleNamespace:
+    return SimpleNamespace(settings=load_settings({"VLLM_HOST": "http://127.0.0.1:1/v1", "WORKSHOP_GPU": gpu}),
+                           model=model)
+
+
+def test_run_true_measures_and_writes_run_false_loads_it(tmp_path, capsys):
+    measured = []
+    rows = measure_or_load("06-methods", True, _lab(), lambda: measured.append(1) or ROWS, {"REPEATS": 2}, tmp_path)
+    assert measured == [1] and (tmp_path / "06-methods.json").is_file()
+    pd.testing.assert_frame_equal(rows, ROWS)
+    loaded = measure_or_load("06-methods", False, _lab(), lambda: measured.append(2), {}, tmp_path)
+    assert measured == [1]  # loading measures nothing
+    pd.testing.assert_frame_equal(loaded, ROWS)
+    out = capsys.readouterr().out
+    assert "measured here and written to" in out and "serving Qwen/Qwen3-4B" in out and "the instructor's numbers" in out
+
+
+@pytest.mark.parametrize("lab", [_lab(gpu="H100 SXM"), _lab(model="Qwen/Qwen3-0.6B")], ids=["another GPU", "another model"])
+def test_a_file_from_elsewhere_is_refused_in_one_sentence_that_says_what_to_do(tmp_path, capsys, lab):
+    write_results("06-methods", ROWS, PROV, tmp_path)
+    assert measure_or_load("06-methods", False, lab, lambda: ROWS, {}, tmp_path) is None
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and out.count(": ") >= 2, out
+    assert out.startswith("Not run (RUN_GO_DEEPER is False): ")
+    assert f"but your engine serves {lab.model} on {lab.settings.gpu}" in out
+    assert out.endswith(f"run this section yourself (RUN_GO_DEEPER=True) or ask your instructor for the file of "
+                        f"{lab.model} on {lab.settings.gpu}.")
+
+
+def test_no_file_says_how_to_get_one(tmp_path, capsys):
+    assert measure_or_load("07-replicas", False, _lab(), lambda: ROWS, {}, tmp_path) is None
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and "No results file" in out and "RUN_GO_DEEPER=True" in out
+
+
+def test_plain_python_lists_the_folder_and_each_files_provenance(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
+    assert main([]) == 0 and "no results files there yet" in capsys.readouterr().out
+    write_results("06-methods", ROWS, PROV, tmp_path)
+    (tmp_path / "broken.json").write_text("{")
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert f"results folder: {tmp_path}" in out and "06-methods: measured 2026-12-01 10:00 UTC on L4" in out
+    assert "(2 rows)" in out and "broken: not readable as a results file" in out

@@ -186,3 +186,39 @@ def test_the_method_map_says_what_runs_here():
     assert table.loc["ngram", "this machine"] == "yes" and table.loc["draft_model", "this notebook"] == "measured"
     assert table.loc["medusa", "this machine"].startswith("no: needs") and table.loc["mtp", "this notebook"] == "-"
     assert method_map("tiny-agent", [], profile="k8s")["this machine"].str.startswith("not probed").all()
+
+
+# ---------------------------------------------------------------- the draft-then-verify picture
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from helpers.lessons.l06 import draft_then_verify, steps_summary, verify_steps  # noqa: E402
+
+
+def test_chunk_sizes_read_as_kept_and_rejected_guesses():
+    steps = verify_steps([1, 4, 1, 2, 7, 3], k=3)  # prefill; all 3 kept; none; 1 kept; merged; 2 kept
+    assert steps.kind.tolist() == ["prefill", "step", "step", "step", "merged", "step"]
+    verified = steps[steps.kind == "step"]
+    assert verified.kept.tolist() == [3, 0, 1, 2] and verified.rejected.tolist() == [0, 1, 1, 1]
+    assert verified.unchecked.tolist() == [0, 2, 1, 0]  # after the rejected guess nothing is checked
+    assert (verified.kept + verified.rejected + verified.unchecked == 3).all()
+    summary = steps_summary(steps, 3)
+    assert summary.startswith("4 verification steps: 6 of 12 guesses kept (50%), 2.50 tokens per step (k = 3)")
+    assert "1 chunk(s) held several steps" in summary
+    with pytest.raises(ValueError, match="carried 0 tokens"):
+        verify_steps([1, 0], k=3)
+
+
+def test_the_picture_draws_one_row_per_step_and_each_slot():
+    steps = verify_steps([1, 4, 1, 2, 9], k=3)
+    fig = draft_then_verify(steps, 3, max_steps=4, title="synthetic")
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["prefill", "step 1", "step 2", "step 3"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["guess 1", "guess 2", "guess 3", "target"]
+    assert len(ax.patches) == 4 * 4  # k guess slots and the target's token, for each of the 4 rows
+    colours = [p.get_facecolor()[:3] for p in ax.patches]
+    from matplotlib.colors import to_rgb
+    assert colours.count(to_rgb("#d04a3a")) == 2  # step 2 and 3 each rejected one guess
+    assert colours.count(to_rgb("#3a923a")) == 3 + 1  # step 1 kept 3, step 3 kept 1
+    assert steps_summary(verify_steps([5], 3), 3).startswith("no verification step")

@@ -4,8 +4,23 @@ saves its rows with where they came from (model, workshop GPU, vLLM version, eng
 parameters), and an attendee's notebook reads them with ``load_results``, which prints that provenance and refuses a
 file measured on another model or GPU than the attendee's own.
 
-The named place is ``WORKSHOP_RESULTS_DIR`` (default: ``results/`` in the helpers' state directory), one
-``<name>.json`` per measurement. Takes a running engine's settings; never starts or connects one.
+The named place is a setting: ``$WORKSHOP_RESULTS_DIR`` when set, otherwise ``results/`` in the helpers' state
+directory (``$WORKSHOP_STATE_DIR``, by default ``~/.cache/workshop``), one ``<name>.json`` per measurement. On a cluster the
+instructor points every notebook pod's ``WORKSHOP_RESULTS_DIR`` at one read-only folder the room shares.
+
+A notebook's Go-deeper cell calls ``measure_or_load``: with ``run`` True it measures and writes the file, else it loads
+the instructor's file, printing its provenance, or says in one sentence how to get the numbers. Without the notebooks or
+the ``workshop`` command, in plain Python::
+
+    from helpers.engine.session import connect
+    from helpers.measure.results_file import provenance, write_results, load_results
+    lab = connect()                                   # the engine the numbers are measured on
+    rows = ...                                        # a DataFrame: the measurement's rows
+    write_results("06-methods", rows, provenance(lab, {"REPEATS": 2}))
+    rows, prov = load_results("06-methods", lab.model, lab.settings.gpu)
+
+and ``python -m helpers.measure.results_file [NAME ...]`` prints the folder and each file's provenance.
+Takes a running engine's settings; never starts or connects one.
 """
 
 from __future__ import annotations
@@ -16,7 +31,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import httpx
 import pandas as pd
@@ -53,9 +68,12 @@ class Provenance:
                 f", image {self.engine_image or 'unknown'}, kit commit {self.commit or 'unknown'}; parameters: {params}")
 
 
+RESULTS_DIR_ENV = "WORKSHOP_RESULTS_DIR"
+
+
 def results_dir() -> Path:
-    """The named place results files live (``WORKSHOP_RESULTS_DIR`` overrides)."""
-    override = os.environ.get("WORKSHOP_RESULTS_DIR")
+    """The named place results files live: ``$WORKSHOP_RESULTS_DIR``, else ``results/`` in the state directory."""
+    override = os.environ.get(RESULTS_DIR_ENV)
     return Path(override) if override else state_dir() / "results"
 
 
@@ -121,3 +139,47 @@ def load_results(name: str, model: str, gpu: str, directory: Path | None = None,
     if show:
         print(f"{name}: {prov.describe()}")
     return rows, prov
+
+
+def measure_or_load(name: str, run: bool, lab: Lab, measure: Callable[[], pd.DataFrame],
+                    parameters: Mapping[str, Any], directory: Path | None = None) -> pd.DataFrame | None:
+    """A Go-deeper step's rows: with ``run`` True, ``measure()`` and write them with their provenance (the path
+    printed); otherwise the instructor's ``<name>.json`` for ``lab``'s model and GPU, its provenance printed. None, with
+    one printed sentence that says what to do, when there is no such file or it was measured elsewhere."""
+    if run:
+        rows = measure()
+        path = write_results(name, rows, provenance(lab, parameters), directory)
+        print(f"{name}: measured here and written to {path} (with its provenance) for the room to load.")
+        return rows
+    try:
+        rows, _ = load_results(name, lab.model, lab.settings.gpu, directory)
+    except ResultsError as err:
+        print(f"Not run (RUN_GO_DEEPER is False): {err}")
+        return None
+    print(f"{name}: the instructor's numbers, not this run's, loaded from {(directory or results_dir()) / (name + '.json')}.")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.measure.results_file [NAME ...]``: the folder, and each (or every) file's provenance."""
+    import sys
+
+    names = sys.argv[1:] if argv is None else argv
+    folder = results_dir()
+    print(f"results folder: {folder} (${RESULTS_DIR_ENV} names another)")
+    paths = [folder / f"{n}.json" for n in names] if names else sorted(folder.glob("*.json"))
+    if not paths:
+        print("no results files there yet: a notebook's Go-deeper cell run with RUN_GO_DEEPER=True writes one.")
+    status = 0
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            print(f"{path.stem}: {Provenance(**data['provenance']).describe()} ({len(data['rows'])} rows)")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"{path.stem}: not readable as a results file ({type(err).__name__}: {err})")
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -144,3 +144,36 @@ def per_k(runs: pd.DataFrame, names_by_k: dict[int, str], concurrency: int) -> p
 def baseline_tok_s(runs: pd.DataFrame, concurrency: int) -> list[float]:
     """The baseline's output tokens/s in each of its runs at ``concurrency``."""
     return runs[(runs.config == BASELINE) & (runs.concurrency == concurrency)].output_tok_s.tolist()
+
+
+def complete_rounds(lab: Lab, methods: dict[str, str | None], done: pd.DataFrame, concurrencies: list[int],
+                    workload: Workload, repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
+                    evals: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The method grid, interleaved, built on a round already measured (``done``: the core path's baseline and
+    aligned draft): first the methods ``done`` lacks, completing round 1, then ``repeats - 1`` full rounds in the
+    same order. The rows of all rounds, ``done``'s included; the new methods' evals go into ``evals``. The engine is
+    left without speculation."""
+    measured = set(done.config) if len(done) else set()
+    missing = {name: config for name, config in methods.items() if name not in measured}
+    parts = [done]
+    if missing:
+        rows, more = run_methods(lab, missing, concurrencies, workload, 1, requests_per_stream, eval_suite=eval_suite)
+        parts.append(rows)
+        if evals is not None:
+            evals.update(more)
+    if repeats > 1:
+        rows, _ = run_methods(lab, methods, concurrencies, workload, repeats - 1, requests_per_stream)
+        parts.append(rows.assign(repeat=rows.repeat + 1))
+    return pd.concat([p for p in parts if len(p)], ignore_index=True)
+
+
+def stream_chunk_tokens(lab: Lab, workload: Workload, index: int = 0) -> list[int]:
+    """The tokens each chunk of one streamed request carried (the server's running count), alone on the engine: at one
+    request at a time each chunk is one engine step, so on a speculative engine it reads as that step's kept guesses
+    plus the target's own token (``helpers.lessons.l06.picture``). Sent without the tools: a tool parser holds back
+    the chunks of a call it is still reading, which would merge steps."""
+    from helpers.measure.stream_timing import stream_chat
+
+    messages = workload.prompts[index % len(workload.prompts)]
+    timing = stream_chat(lab.client, lab.model, messages, max_tokens=workload.output_len)
+    return list(timing.chunk_tokens)

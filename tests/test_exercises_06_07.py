@@ -1,0 +1,68 @@
+"""The code exercises of notebooks 06 (tokens per step, E for a and k) and 07 (Little's law on this run's numbers): the
+learner's cell (tag ``exercise``) asks without failing while the answer is None, the worked solution (tag
+``solution``, collapsed) passes, and a wrong answer fails with a sentence that says what is wrong. The cells' own
+source runs here on plain numbers (no engine)."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from helpers.lab.notebooks import NOTEBOOK_DIR
+
+NB06 = NOTEBOOK_DIR / "06_speculative_decoding.ipynb"
+NB07 = NOTEBOOK_DIR / "07_saturation.ipynb"
+
+
+def tagged(notebook, tag: str) -> nbformat.NotebookNode:
+    [cell] = [c for c in nbformat.read(notebook, as_version=4).cells if tag in c.metadata.get("tags", [])]
+    return cell
+
+
+def run(source: str, **names) -> dict:
+    namespace = dict(names)
+    exec(compile(source, "exercise", "exec"), namespace)  # noqa: S102 - the shipped cells
+    return namespace
+
+
+def answered(source: str, name: str, answer: str) -> str:
+    lines = source.splitlines()
+    [i] = [i for i, line in enumerate(lines) if line.startswith(f"{name} = None")]
+    lines[i] = f"{name} = {answer}"
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- 06: tokens per step
+
+N06 = {"EXERCISE_A": 0.7, "NUM_SPECULATIVE_TOKENS": 3}
+
+
+def test_06_asks_before_it_is_written(capsys):
+    run(tagged(NB06, "exercise").source, **N06)
+    assert capsys.readouterr().out.startswith("Your turn (tokens per step): replace the None and run the cell again. Hint: ")
+
+
+def test_06_the_worked_solution_passes(capsys):
+    cell = tagged(NB06, "solution")
+    assert cell.metadata["jupyter"]["source_hidden"] is True
+    run(tagged(NB06, "exercise").source + "\n\n" + cell.source, **N06)
+    assert capsys.readouterr().out.splitlines()[-1] == ("✔ tokens per step: right. E = 2.533 tokens per step at a = 0.7, "
+                                                        "k = 3; every guess kept would give 4.")
+
+
+@pytest.mark.parametrize("answer, says", [
+    ("(1 - EXERCISE_A ** NUM_SPECULATIVE_TOKENS) / (1 - EXERCISE_A)", "is not (1 - a^(k+1)) / (1 - a) for a = 0.7, k = 3"),
+    ("EXERCISE_A + EXERCISE_A ** 2 + EXERCISE_A ** 3", "counts the guesses kept only"),
+    ("NUM_SPECULATIVE_TOKENS + 2", "no step yields more than k + 1 = 4 tokens"),
+    ("EXERCISE_A", "at least one token"),
+    ("'2.5'", "is not (1 - a^(k+1))"),
+])
+def test_06_a_wrong_answer_fails_saying_what_is_wrong(answer, says):
+    with pytest.raises(AssertionError, match=r"tokens per step: .*" + says.replace("(", r"\(").replace(")", r"\)")
+                       .replace("^", r"\^").replace("+", r"\+")):
+        run(answered(tagged(NB06, "exercise").source, "my_tokens_per_step", answer), **N06)
+
+
+def test_06_the_right_answer_written_any_way_passes(capsys):
+    run(answered(tagged(NB06, "exercise").source, "my_tokens_per_step", "1 + 0.7 + 0.7 ** 2 + 0.7 ** 3"), **N06)
+    assert "✔ tokens per step: right." in capsys.readouterr().out
