@@ -3,9 +3,8 @@
 Per notebook: the core path's words (markdown and code cells before the first that starts with a "## Go deeper"
 heading, and the closing "What we learned" section, read at WORDS_PER_MINUTE), its run time on the CPU path (the
 per-cell seconds the test suite keeps in ``build/notebook-cells/<test file>/<notebook>.json``, tests/timetable.py),
-its engine restarts on the
-cluster (the restart table of ``helpers.core.restarts``, from a k8s-path run, or "not measured") and their time on a
-GPU (``GPU_START_S``, cold, with its source), and the total against CORE_MINUTES_MAX.
+its engine restarts on the cluster (the restart table of ``helpers.core.restarts``, from a k8s-path run, or "not
+measured") and their time on a GPU (``GPU_START_S``, cold, with its source), and the total against CORE_MINUTES_MAX.
 
 ``workshop course-time --write`` keeps the result in ``notebooks/course_time.json`` with its provenance (the machine,
 the commit, each run's parameters) and writes each notebook's "**Time:**" line from it: the lines are generated,
