@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from helpers.core.thinking import thinking_body, with_thinking
+from helpers.measure.tracing import NO_TRACE, NoTrace
 from helpers.tiny.tools import TOOLS, call_tool
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
+    from helpers.measure.tracing import AgentTracer
 
 MAX_TOKENS = 96  # a turn without thinking: one tool call or a short answer
 THINKING_MAX_TOKENS = 1024  # a turn with thinking: the reasoning comes first (Qwen3-4B's often runs to hundreds)
@@ -98,42 +100,53 @@ class AgentRun:
 
 
 def run_agent(lab: Lab, question: str, tools: list[dict[str, Any]] | None = None, max_steps: int = 4,
-              history: list[dict[str, Any]] | None = None, thinking: bool = False, **kwargs: Any) -> AgentRun:
+              history: list[dict[str, Any]] | None = None, thinking: bool = False,
+              tracer: AgentTracer | NoTrace = NO_TRACE, **kwargs: Any) -> AgentRun:
     """Answer a question with tools; ``lab`` is a ``helpers.engine.session.Lab`` (or anything with ``chat``).
 
-    ``thinking``: ask a thinking model to think first (budgeted at ``THINKING_MAX_TOKENS`` per turn) or not."""
+    ``thinking``: ask a thinking model to think first (budgeted at ``THINKING_MAX_TOKENS`` per turn) or not.
+    ``tracer``: an ``helpers.measure.tracing.AgentTracer`` makes the run one trace (a span for the run, each model call
+    and each tool call; each request carries its span's ``traceparent``); the default traces nothing."""
     tools = TOOLS if tools is None else tools
     messages = list(history or []) + [{"role": "user", "content": question}]
     steps: list[AgentStep] = []
     kwargs.setdefault("max_tokens", THINKING_MAX_TOKENS if thinking else MAX_TOKENS)
     kwargs["extra_body"] = with_thinking(kwargs.get("extra_body"), thinking)
-    for number in range(1, max_steps + 1):
-        start = time.perf_counter()
-        resp = lab.chat(messages, tools=tools, **kwargs) if tools else lab.chat(messages, **kwargs)
-        latency = time.perf_counter() - start
-        choice = resp.choices[0]
-        msg = choice.message
-        reasoning, reasoning_tokens = reasoning_of(msg, resp.usage)
-        step = AgentStep(number, latency, resp.usage.prompt_tokens, resp.usage.completion_tokens, content=msg.content,
-                         reasoning=reasoning, reasoning_tokens=reasoning_tokens,
-                         finish_reason=getattr(choice, "finish_reason", None))
-        steps.append(step)
-        if not msg.tool_calls:
-            messages.append({"role": "assistant", "content": msg.content or ""})
-            if step.ended_in_reasoning:
-                return AgentRun(question, None, steps, messages, CUT_IN_REASONING)
-            return AgentRun(question, msg.content, steps, messages, CUT_OFF if step.finish_reason == "length" else ANSWERED)
-        messages.append({"role": "assistant", "content": msg.content,
-                         "tool_calls": [tc.model_dump(include={"id", "type", "function"}) for tc in msg.tool_calls]})
-        for tc in msg.tool_calls:
-            try:
-                arguments = json.loads(tc.function.arguments or "{}")
-            except json.JSONDecodeError:
-                arguments = tc.function.arguments
-            result = call_tool(tc.function.name, arguments)
-            step.tool_calls.append({"name": tc.function.name, "arguments": arguments, "result": result})
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": json.dumps(result, ensure_ascii=False)})
-    return AgentRun(question, None, steps, messages, OUT_OF_STEPS)
+    with tracer.run(question):
+        for number in range(1, max_steps + 1):
+            with tracer.llm_call(number, getattr(lab, "model", None), kwargs) as call:
+                sent = call.request_kwargs(kwargs)
+                start = time.perf_counter()
+                resp = lab.chat(messages, tools=tools, **sent) if tools else lab.chat(messages, **sent)
+                latency = time.perf_counter() - start
+                call.finished(resp)
+            choice = resp.choices[0]
+            msg = choice.message
+            reasoning, reasoning_tokens = reasoning_of(msg, resp.usage)
+            step = AgentStep(number, latency, resp.usage.prompt_tokens, resp.usage.completion_tokens,
+                             content=msg.content, reasoning=reasoning, reasoning_tokens=reasoning_tokens,
+                             finish_reason=getattr(choice, "finish_reason", None))
+            steps.append(step)
+            if not msg.tool_calls:
+                messages.append({"role": "assistant", "content": msg.content or ""})
+                if step.ended_in_reasoning:
+                    return AgentRun(question, None, steps, messages, CUT_IN_REASONING)
+                return AgentRun(question, msg.content, steps, messages,
+                                CUT_OFF if step.finish_reason == "length" else ANSWERED)
+            messages.append({"role": "assistant", "content": msg.content,
+                             "tool_calls": [tc.model_dump(include={"id", "type", "function"})
+                                            for tc in msg.tool_calls]})
+            for tc in msg.tool_calls:
+                try:
+                    arguments = json.loads(tc.function.arguments or "{}")
+                except json.JSONDecodeError:
+                    arguments = tc.function.arguments
+                with tracer.tool_call(tc.function.name, tc.id):
+                    result = call_tool(tc.function.name, arguments)
+                step.tool_calls.append({"name": tc.function.name, "arguments": arguments, "result": result})
+                messages.append({"role": "tool", "tool_call_id": tc.id,
+                                 "content": json.dumps(result, ensure_ascii=False)})
+        return AgentRun(question, None, steps, messages, OUT_OF_STEPS)
 
 
 # ---------------------------------------------------------------- the tools' own cost: their schemas in the prompt
