@@ -76,25 +76,69 @@ def _row(area, seconds, starts=0, start_s=0.0):
             "fake_starts": 0, "engine_marked": area != "unit", "unmarked_starts": [], "run": "", "area": area}
 
 
+ENGINE_OVER = timetable.BUDGET_S["engine"] + 40.0  # an engine area 40 s over its budget on the faster kind
+
+
 def test_the_parts_of_a_suite_merge_into_one_table_that_names_the_area_over_budget():
     unit = _part("not engine", 1.0, 100.0, {"tests/test_u.py": _row("unit", 90.0)})
-    engine = _part("engine", 2.0, 900.0, {"tests/test_e.py": _row("engine", 500.0, 3, 60.0),
+    engine = _part("engine", 2.0, 900.0, {"tests/test_e.py": _row("engine", ENGINE_OVER, 3, 60.0),
                                           "tests/test_nb03_local.py": _row("notebooks, local path", 300.0, 1, 20.0)})
     table = timetable.merge([engine, unit], "AMX", 1.0)
     assert [r["args"] for r in table["runs"]] == [["-m", "not engine"], ["-m", "engine"]]
     assert table["wall_s"] == 1000.0 and table["engine_starts"] == 4 and table["engine_start_s"] == 80.0
-    assert table["areas"]["engine"]["seconds"] == 500.0 and table["areas"]["engine"]["over"]
+    assert table["areas"]["engine"]["seconds"] == ENGINE_OVER and table["areas"]["engine"]["over"]
     assert not table["areas"]["unit"]["over"] and table["areas"]["browser"]["files"] == 0
     assert list(table["files"])[0] == "tests/test_e.py"  # slowest first
-    assert timetable.over_budget(table) == [f"engine: 500 s, budget {timetable.BUDGET_S['engine']} s "
-                                            f"(+{500 - timetable.BUDGET_S['engine']} s)"]
+    assert timetable.over_budget(table) == [f"engine: {ENGINE_OVER:,.0f} s, budget {timetable.BUDGET_S['engine']} s "
+                                            "(+40 s)"]
     slower = timetable.merge([engine, unit], "AVX-512", timetable.SLOWER_KIND_FACTOR)
     assert slower["areas"]["engine"]["budget_s"] == round(timetable.BUDGET_S["engine"] * 55 / 30)
+    assert not slower["areas"]["engine"]["over"]  # the same seconds are within the slower kind's budget
     text = timetable.markdown(table)
-    assert "| engine | 1 | 500.0 |" in text and "OVER" in text and "| tests/test_e.py | engine | 1 | 0 | 500.0 | 3 | 60.0 |" in text
+    assert f"| engine | 1 | {ENGINE_OVER:,.1f} |" in text and "OVER" in text
+    assert f"| tests/test_e.py | engine | 1 | 0 | {ENGINE_OVER:,.1f} | 3 | 60.0 |" in text
     split = _part("not engine", 0.5, 10.0, {"tests/test_e.py": _row("unit", 40.0)})  # its tests without the marker
     row = timetable.merge([unit, engine, split], "AMX", 1.0)["files"]["tests/test_e.py"]
-    assert row["seconds"] == 540.0 and row["tests"] == 2 and row["engine_starts"] == 3 and row["area"] == "engine"
+    assert row["seconds"] == ENGINE_OVER + 40.0 and row["tests"] == 2 and row["engine_starts"] == 3
+    assert row["area"] == "engine"
+
+
+def test_the_budgets_add_to_30_minutes_and_give_the_cluster_path_what_the_last_full_run_measured():
+    """The split (tests/timetable.py, from the last full run on the slower kind at the faster kind's speed-up): the
+    faster kind's budgets add to the suite's 30 minutes; the cluster path's covers its measured time, within a tenth,
+    taken from the local path, whose budget is now below what it took (its runs of 01, 03 and 04 are to shrink)."""
+    budget, last, speedup = timetable.BUDGET_S, timetable.LAST_FULL_RUN_S, timetable.FASTER_KIND_SPEEDUP
+    assert sum(budget.values()) == 30 * 60 and set(last) == set(budget) == set(timetable.AREAS)
+    faster = {area: seconds / speedup for area, seconds in last.items()}  # the last run's figures on the faster kind
+    cluster, local = "notebooks, cluster path", "notebooks, local path"
+    assert faster[cluster] <= budget[cluster] <= 1.1 * faster[cluster]
+    assert budget[local] < faster[local]
+    slower = {area: round(b * timetable.SLOWER_KIND_FACTOR) for area, b in budget.items()}
+    assert [area for area in timetable.AREAS if last[area] > slower[area]] == [local]  # the last run, over: only that
+
+
+def test_the_summary_names_every_notebook_test_file_with_its_time_and_starts(tmp_path):
+    for name in ("test_nb01_local.py", "test_nb02_local.py", "test_k8s_path_notebooks.py", "test_lesson.py"):
+        (tmp_path / name).write_text("")
+    files = timetable.notebook_test_files(tmp_path)
+    assert files == ["tests/test_k8s_path_notebooks.py", "tests/test_nb01_local.py", "tests/test_nb02_local.py"]
+    part = _part("engine", 1.0, 700.0, {
+        "tests/test_e.py": _row("engine", 100.0, 2, 40.0),
+        "tests/test_nb01_local.py": _row("notebooks, local path", 210.5, 1, 22.0),
+        "tests/test_k8s_path_notebooks.py": _row("notebooks, cluster path", 480.0, 9, 190.4)})
+    part["files"]["tests/test_nb01_local.py"]["failed"] = 1
+    lines = timetable.summary_lines(timetable.merge([part], "AMX", 1.0), files)
+    assert lines[0].startswith("1 run(s) of this suite, 700 s wall; real vLLM starts: 12 taking 252 s")
+    local = lines.index("notebooks, local path:")
+    assert lines[local + 1:local + 3] == ["    210.5 s   1 starts (22 s)  tests/test_nb01_local.py  [1 failed]",
+                                          "        not run in this suite  tests/test_nb02_local.py"]
+    cluster = lines.index("notebooks, cluster path:")
+    assert lines[cluster + 1] == "    480.0 s   9 starts (190 s)  tests/test_k8s_path_notebooks.py"
+    assert "      480 of   460 s   9 starts  notebooks, cluster path  OVER" in lines
+    assert lines[-1] == "over budget: notebooks, cluster path: 480 s, budget 460 s (+20 s)"
+    unit_only = timetable.summary_lines(timetable.merge([_part("not engine", 1.0, 9.0, {
+        "tests/test_u.py": _row("unit", 9.0)})], "AMX", 1.0), files)
+    assert "notebook test files: none of the 3 ran in this suite" in unit_only and "not run" not in "".join(unit_only)
 
 
 def test_a_start_is_recorded_ready_or_not(tmp_path, monkeypatch):
