@@ -211,13 +211,14 @@ def problems(path: Path, allow: dict[str, str] | None = None) -> list[str]:
     nb = nbformat.read(path, as_version=4)
     allow = allow or {}
     out = []
-    for check in printed_checks(nb):
+    printed = printed_checks(nb)
+    for check in printed:
         phrase = lack_of_data(check.detail) if check.outcome in (UNDECIDED, NOT_SEEN) else None
         if phrase and not any(part in check.claim for part in allow):
             out.append(f"cell {check.cell}: {check.claim!r} printed {_MARKS[check.outcome]!r} for lack of data "
                        f"({phrase!r}): {check.detail}")
     counts: dict[int, int] = {}
-    for check in printed_checks(nb):
+    for check in printed:
         counts[check.cell] = counts.get(check.cell, 0) + 1
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
