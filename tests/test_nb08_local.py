@@ -14,11 +14,13 @@ pytestmark = pytest.mark.engine
 
 
 def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
-    # two candidates: the profile's memory knob and one plain flag (each costs a restart, a measurement and
-    # an eval; the suite's time is kept under its budget)
+    # one candidate on the core path (the profile's memory knob, through the mechanism cell's loop) and one in Go
+    # deeper's search (tune_one_flag_at_a_time): each costs a restart, a measurement and an eval; structured output at
+    # the fewest tasks and rounds that still pair tasks and judge a spread
     run = run_local("08_tuning_and_evaluation.ipynb", tmp_path,
-                    parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1,
-                                   "CANDIDATES": ["MEMORY", ["--kv-cache-dtype", "fp8"]]})
+                    parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1, "CORE_CANDIDATES": ["MEMORY"],
+                                "SEARCH_CANDIDATES": [["--kv-cache-dtype", "fp8"]], "STRUCTURED_TASKS": 4,
+                                "STRUCTURED_ROUNDS": 2})
     text = printed(run)
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
     assert [d[0] for d in decisions] == ["--kv-cache-memory-bytes", "--kv-cache-dtype"]
@@ -31,11 +33,22 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     assert re.search(r"- --model\n\s*- Qwen/Qwen3-4B\n", text) and "kind: Deployment" in text
     assert str(REPO_ROOT / "models") not in text
     assert re.search(r"^- \[(shown|not shown|within noise)\] Final: ", text, re.M)
+    # the mechanism cell's loop printed its decision; the search ran here, wrote the room's results file, and the
+    # summary counts both candidates
+    assert re.search(r"^(KEEP    |ROLLBACK) --kv-cache-memory-bytes \d+ -> \d+: ", text, re.M)
+    assert re.search(r"^(KEEP    |ROLLBACK) --kv-cache-dtype \(default\) -> fp8: ", text, re.M)
+    assert re.search(r"^Wrote the search to .*08-search\.json: put it in the room's WORKSHOP_RESULTS_DIR", text, re.M)
+    assert re.search(r"^- Every candidate, the core path's and Go deeper's search, from this run: [012] of 2 changes kept",
+                     text, re.M)
+    # the code exercise: the learner's cell asks, the worked solution passes on this run's numbers
+    assert "Your turn (the SLO check): replace the None" in text
+    assert re.search(r"✔ the SLO check: right\. On this run the limit is [\d,]+ ms \(1\.5x the baseline's\): "
+                     r"--kv-cache-memory-bytes \d+ -> \d+: [\d,]+ ms, (holds|breaks)", text)
     assert flag_value(lab.engine.args(), "--kv-cache-dtype") is None and flag_value(lab.engine.args(), "--max-num-seqs") is None
     # the manifest exercise on the local engine: the change went through the engine, the cluster's patch is shown
     assert "through the engine interface (engine.set_flag)" in text and "kubectl diff -k my-change/" in text
     assert "What you should see: the patch changes exactly one flag (--kv-cache-memory-bytes)\n  ✔" in text
-    assert text.count("What you should see: ") >= 4 and text.count("(made by the test run)") == 2
+    assert text.count("What you should see: ") == 6 and text.count("(made by the test run)") == 2
     # the GPU line starts from the GPU profile's baseline: none of the CPU lab's workarounds, kept changes marked
     line = re.search(r"Engine command line \(a GPU box\):\n  (.*)", text)[1]
     assert "--gpu-memory-utilization" in line and "--enforce-eager" not in line
