@@ -1,9 +1,9 @@
 """What notebook 03 (prefill, decode and the KV cache) needs beyond the floors below: attention by hand, the
-generation loop, prefill against decode, the KV cache on the live engine (and the verdicts on reusing a prefix's KV
+generation loop, prefill against decode, the KV cache on the live engine, the prefix cache's block-hash chain (and the verdicts on reusing a prefix's KV
 from a tier of the memory hierarchy), a long prefill stalling running decodes, and continuous batching and
 PagedAttention shown on the live engine, one module each. The notebook imports from this package alone (and
 ``helpers.engine.session``): what it uses of those modules and of the floors is re-exported here (``__all__``);
-``attention`` and ``batching`` as modules.
+``attention``, ``batching`` and ``prefix_hash`` as modules.
 """
 
 from helpers.core.models import by_profile
@@ -15,8 +15,8 @@ from helpers.hardware.gpus import GPUS, get_gpu
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.lessons.l02_memory import block_size_note
-from helpers.lessons.l03 import attention, batching
-from helpers.lessons.l03.generation_loop import compare_loops, conclude_loops, load_model, loop_summary
+from helpers.lessons.l03 import attention, batching, prefix_hash
+from helpers.lessons.l03.generation_loop import compare_loops, conclude_loops, load_model, loop_summary, steps_frame
 from helpers.lessons.l03.batching import small_pool_flags
 from helpers.lessons.l03.interference import (budget_name, conclude_stall, measure_stall_configs, stall_gaps,
                                               stall_table)
@@ -34,7 +34,8 @@ from helpers.planning.shape import REFERENCE_CONFIGS
 
 __all__ = [
     # this notebook's own, from the modules of this package
-    "attention", "batching", "small_pool_flags", "compare_loops", "conclude_loops", "load_model", "loop_summary", "budget_name", "conclude_stall",
+    "attention", "batching", "prefix_hash", "small_pool_flags", "compare_loops", "conclude_loops", "load_model",
+    "loop_summary", "steps_frame", "budget_name", "conclude_stall",
     "measure_stall_configs", "stall_gaps", "stall_table", "conclude_agent_cache", "conclude_break_cache",
     "conclude_kv_peak", "conclude_machine_reuse", "conclude_prefix_cache", "conclude_tiers", "expected_blocks",
     "measure_break_cache", "measure_prefix_cache", "sample_long_request", "conclude_prefill_decode",

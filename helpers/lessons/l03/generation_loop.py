@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -50,11 +51,18 @@ def timed_generation(model, prompt_ids: list[int], new_tokens: int, use_cache: b
     return pd.DataFrame(rows)
 
 
+def steps_frame(with_cache: Any, without: Any) -> pd.DataFrame:
+    """The two loops' steps (each a frame or a list of rows: step, context_tokens, step_s, token) stacked with a
+    ``cache`` column ("with KV cache" / "without"): what the plot and the conclusions take."""
+    columns = ["step", "context_tokens", "step_s", "token"]
+    return pd.concat([pd.DataFrame(with_cache, columns=columns).assign(cache="with KV cache"),
+                      pd.DataFrame(without, columns=columns).assign(cache="without")], ignore_index=True)
+
+
 def compare_loops(model, prompt_ids: list[int], new_tokens: int) -> pd.DataFrame:
     """Both loops on the same prompt, stacked with a ``cache`` column ("with KV cache" / "without")."""
-    with_cache = timed_generation(model, prompt_ids, new_tokens, use_cache=True).assign(cache="with KV cache")
-    without = timed_generation(model, prompt_ids, new_tokens, use_cache=False).assign(cache="without")
-    return pd.concat([with_cache, without], ignore_index=True)
+    return steps_frame(timed_generation(model, prompt_ids, new_tokens, use_cache=True),
+                       timed_generation(model, prompt_ids, new_tokens, use_cache=False))
 
 
 def conclude_loops(steps: pd.DataFrame, new_tokens: int) -> list[Conclusion]:

@@ -110,15 +110,19 @@ def _served_prompt(metrics_url: str, before: Any, prompt_tokens: int | None, wai
         time.sleep(0.1)
 
 
-def measure_break_cache(lab: Any, prefix_tokens: int, change_at: int, output_tokens: int = 4) -> pd.DataFrame:
+def measure_break_cache(lab: Any, prefix_tokens: int, change_at: int, output_tokens: int = 4,
+                        hasher: Any = None) -> pd.DataFrame:
     """Three requests on one new ``prefix_tokens``-token prefix: cold, warm (the same prefix), then the prefix with
     ONE word changed at content position ``change_at``. One row each: prompt tokens, prompt tokens the server's
-    prefix cache served (``vllm:prefix_cache_hits``), TTFT (ms)."""
-    from helpers.measure.loadgen import prompt_factory
-    from helpers.measure.workloads import MARKER
+    prefix cache served (``vllm:prefix_cache_hits``), the prompt tokens the block-hash chain predicts it served
+    (``hasher``, default ``prefix_hash.block_hashes``, over the token ids the server returned; NaN when it returned
+    none), TTFT (ms). ``attrs["token_ids"]``: each request's (prompt ids, generated ids)."""
     from helpers.core.progress import steps
+    from helpers.lessons.l03.prefix_hash import TokenIds, block_hashes, predicted_hits
+    from helpers.measure.loadgen import prompt_factory
     from helpers.measure.server_metrics import scrape
     from helpers.measure.stream_timing import stream_chat
+    from helpers.measure.workloads import MARKER
 
     if not 0 <= change_at < prefix_tokens:
         raise ValueError(f"change_at must be a position inside the prefix: 0..{prefix_tokens - 1}, got {change_at}")
@@ -127,17 +131,26 @@ def measure_break_cache(lab: Any, prefix_tokens: int, change_at: int, output_tok
     changed = list(words)
     changed[change_at] = next(w for w in factory.words if w != words[change_at])
     prompts = {"cold": words, "warm (same prefix)": words, f"one token changed at {change_at}": changed}
-    rows = []
+    block_size = int((scrape(lab.settings.metrics_url).cache_config() or {}).get("block_size") or 0)
+    rows, ids = [], []
+    client = TokenIds(lab.client)
     for name in steps(prompts, "break the cache: requests", "request"):
         tail = factory.uid_words(secrets.randbits(30))  # each request ends differently, as real ones do
         before = scrape(lab.settings.metrics_url)
-        timing = stream_chat(lab.client, lab.model, [{"role": "user", "content": MARKER + "".join(prompts[name] + tail)}],
+        timing = stream_chat(client, lab.model, [{"role": "user", "content": MARKER + "".join(prompts[name] + tail)}],
                              max_tokens=output_tokens)
         served = _served_prompt(lab.settings.metrics_url, before, timing.prompt_tokens)
+        ids.append((client.prompt_ids, client.output_ids))
         rows.append({"request": name, "prompt_tokens": timing.prompt_tokens, "cached_tokens": served["prefix_cache_hits"],
                      "ttft_ms": timing.ttft_s * 1000 if timing.ttft_s is not None else float("nan"),
                      "error": timing.error or ""})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if block_size and all(prompt for prompt, _ in ids):
+        frame.insert(3, "predicted_cached_tokens", predicted_hits(ids, block_size, hasher or block_hashes))
+    else:
+        frame.insert(3, "predicted_cached_tokens", float("nan"))
+    frame.attrs["token_ids"], frame.attrs["block_size"] = ids, block_size
+    return frame
 
 
 def conclude_break_cache(requests: pd.DataFrame, block_size: int) -> Conclusion:
