@@ -95,3 +95,84 @@ def test_machine_reuse_is_judged_both_ways():
     slow = conclude_machine_reuse(table.assign(read_from_RAM_ms=0.1, read_from_file_ms=[50.0, 500.0]))
     assert slow.verdict == NOT_SHOWN and "[64, 1024]" in slow.text
     assert conclude_machine_reuse(table.iloc[:0]).verdict == NOT_SHOWN
+
+
+# ---------------------------------------------------------------------------------------------
+# The paged KV cache's picture, from synthetic streams
+
+def _picture_streams():
+    from helpers.lessons.l03.pictures import BlockStream
+
+    early = BlockStream("early request", t_sent=0.0, t_first_token=0.5, t_done=10.0, prompt_tokens=10,
+                        token_times=[0.5 + 0.1 * i for i in range(30)], token_ids=list(range(100, 140)))
+    late = BlockStream("late request", t_sent=2.0, t_first_token=2.2, t_done=3.0, prompt_tokens=6,
+                       token_times=[2.2 + 0.1 * i for i in range(8)], token_ids=None)  # the server gave no ids
+    return [early, late]
+
+
+def test_the_paged_view_fills_each_requests_blocks_and_hashes_the_full_ones():
+    from helpers.lessons.l03.pictures import FREED, HELD, NOT_YET, PREFILL, paged_view
+    from helpers.lessons.l03.prefix_hash import block_hashes, short
+
+    moments = {"alone": 1.95, "both": 2.55, "late ended": 3.5, "before": -1.0}
+    view = paged_view(_picture_streams(), 8, moments)
+    alone = view[(view.moment == "alone") & (view.request == "early request")]
+    # 10 prompt tokens + 15 arrived by t = 1.95 (0.5, 0.6, ... 1.9): 25 tokens, blocks of 8, 8, 8, 1
+    assert alone["tokens"].tolist() == [8, 8, 8, 1] and alone["full"].tolist() == [True, True, True, False]
+    chain = block_hashes(list(range(100, 140)), 8)
+    assert alone["hash"].tolist() == [short(h) for h in chain[:3]] + [""]
+    assert view[(view.moment == "alone") & (view.request == "late request")]["state"].tolist() == [NOT_YET]
+    both = view[(view.moment == "both") & (view.request == "late request")]
+    assert both["tokens"].tolist() == [8, 2] and both["hash"].tolist() == ["", ""]  # 6 + 4 tokens, no ids: no hash
+    assert (both["state"] == HELD).all()
+    assert view[(view.moment == "late ended") & (view.request == "late request")]["state"].tolist() == [FREED]
+    assert view[(view.moment == "before")]["block"].tolist() == [-1, -1]
+    prefilling = paged_view(_picture_streams(), 8, {"prefill": 2.1})
+    assert prefilling[prefilling.request == "late request"][["state", "tokens"]].values.tolist() == [[PREFILL, 6]]
+
+
+def test_the_pool_gauge_is_read_at_the_nearest_sample():
+    from helpers.lessons.l03.pictures import pool_used
+
+    gauges = pd.DataFrame({"t": [0.0, 1.0, 2.0], "kv_cache_usage": [0.0, 0.5, float("nan")]})
+    assert pool_used(gauges, {"a": 0.9, "b": 1.9}, 11) == {"a": 5, "b": 5}
+    assert pool_used(gauges.iloc[:0], {"a": 1.0}, 11) == {"a": None}
+
+
+def test_the_paged_kv_picture_draws_every_block_and_says_what_vllm_does_not_report():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.lessons.l03.pictures import paged_view, plot_paged_kv
+
+    view = paged_view(_picture_streams(), 8, {"alone": 1.95, "both": 2.55, "late ended": 3.5})
+    fig = plot_paged_kv(view, 8, {"alone": 4, "both": 6, "late ended": None})
+    assert len(fig.axes) == 3
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
+    assert "2/8" in texts and any("freed" in t for t in texts)
+    assert any("not which physical block" in t for t in texts)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles[0] == "alone, t = 1.9 s: 4 blocks held (the pool's gauge: 4 used)"
+    assert titles[2].endswith("blocks held")  # no gauge sample: none named
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_the_join_gives_the_picture_its_streams_and_moments():
+    from helpers.lessons.l03 import batching
+    from helpers.measure.stream_timing import StreamTiming
+
+    early = StreamTiming(t_sent=0.0, t_first_token=0.2, chunk_times=[0.2, 0.3, 0.4, 0.5], chunk_tokens=[1, 1, 2, 1],
+                         prompt_tokens=3, completion_tokens=5, t_done=0.6)
+    late = StreamTiming(t_sent=0.25, t_first_token=0.3, chunk_times=[0.3, 0.35], chunk_tokens=[1, 1], prompt_tokens=2,
+                        completion_tokens=2, t_done=0.4)
+    joined = batching.JoinResult(early, late, pd.DataFrame(), None, early_ids=list(range(8)), late_ids=[1, 2, 3])
+    first, second = batching.join_streams(joined)
+    assert first.token_ids == list(range(8)) and first.token_times == [0.2, 0.3, 0.4, 0.4, 0.5]
+    assert second.token_ids is None  # 3 ids for 4 tokens counted: not the server's whole request, so no hashes
+    moments = batching.join_moments(joined)
+    assert list(moments) == ["the early request alone", "both decoding", "the late request ended",
+                             "the early request's last token"]
+    assert moments["the early request alone"] < 0.25 and moments["both decoding"] == pytest.approx(0.35)
+    assert moments["the late request ended"] == pytest.approx(0.45) and moments["the early request's last token"] == 0.5

@@ -3,7 +3,7 @@ generation loop, prefill against decode, the KV cache on the live engine, the pr
 from a tier of the memory hierarchy), a long prefill stalling running decodes, and continuous batching and
 PagedAttention shown on the live engine, one module each. The notebook imports from this package alone (and
 ``helpers.engine.session``): what it uses of those modules and of the floors is re-exported here (``__all__``);
-``attention``, ``batching`` and ``prefix_hash`` as modules.
+``attention``, ``batching``, ``pictures`` (the paged KV cache drawn from a run) and ``prefix_hash`` as modules.
 """
 
 from helpers.core.models import by_profile
@@ -15,7 +15,7 @@ from helpers.hardware.gpus import GPUS, get_gpu
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.lessons.l02_memory import block_size_note
-from helpers.lessons.l03 import attention, batching, prefix_hash
+from helpers.lessons.l03 import attention, batching, pictures, prefix_hash
 from helpers.lessons.l03.generation_loop import compare_loops, conclude_loops, load_model, loop_summary, steps_frame
 from helpers.lessons.l03.batching import small_pool_flags
 from helpers.lessons.l03.interference import (budget_name, conclude_stall, measure_stall_configs, stall_gaps,
@@ -34,7 +34,7 @@ from helpers.planning.shape import REFERENCE_CONFIGS
 
 __all__ = [
     # this notebook's own, from the modules of this package
-    "attention", "batching", "prefix_hash", "small_pool_flags", "compare_loops", "conclude_loops", "load_model",
+    "attention", "batching", "pictures", "prefix_hash", "small_pool_flags", "compare_loops", "conclude_loops", "load_model",
     "loop_summary", "steps_frame", "budget_name", "conclude_stall",
     "measure_stall_configs", "stall_gaps", "stall_table", "conclude_agent_cache", "conclude_break_cache",
     "conclude_kv_peak", "conclude_machine_reuse", "conclude_prefix_cache", "conclude_tiers", "expected_blocks",

@@ -49,12 +49,15 @@ class JoinResult:
     late: StreamTiming
     gauges: pd.DataFrame  # GaugeSampler frame: t, kv_cache_usage, num_requests_running, num_requests_waiting
     late_queue_s: float | None = None  # the server's queue time of the late request alone; None: not isolated
+    early_ids: list[int] | None = None  # the early request's token ids, prompt then generated (return_token_ids)
+    late_ids: list[int] | None = None  # the late one's; None: the server returned none
 
 
 def measure_join(lab: Lab, early_output_tokens: int = 300, late_output_tokens: int = 32, prompt_tokens: int = 96,
                  lead_tokens: int = 40, interval_s: float = 0.1, wait_s: float = 120.0) -> JoinResult:
     """Stream an early request of ``early_output_tokens``; once it has ``lead_tokens`` tokens send a late one of
     ``late_output_tokens`` (both prompts ``prompt_tokens`` long, unique); sample the gauges every ``interval_s``."""
+    from helpers.lessons.l03.prefix_hash import TokenIds
     from helpers.measure.loadgen import prompt_factory
     from helpers.measure.server_metrics import GaugeSampler, scrape
     from helpers.measure.stream_timing import stream_chat
@@ -62,13 +65,14 @@ def measure_join(lab: Lab, early_output_tokens: int = 300, late_output_tokens: i
     factory = prompt_factory(lab.settings, lab.model, seed=secrets.randbits(30))
     decoding = threading.Event()
     box: dict[str, StreamTiming] = {}
+    early_client, late_client = TokenIds(lab.client), TokenIds(lab.client)  # each keeps its request's token ids
 
     def seen(timing: StreamTiming) -> None:
         if timing.completion_tokens >= lead_tokens:
             decoding.set()
 
     def early() -> None:
-        box["early"] = stream_chat(lab.client, lab.model,
+        box["early"] = stream_chat(early_client, lab.model,
                                    [{"role": "user", "content": factory.first_turn_content(1, prompt_tokens)}],
                                    max_tokens=early_output_tokens, on_chunk=seen,
                                    extra_body={"ignore_eos": True, "min_tokens": early_output_tokens})
@@ -79,7 +83,7 @@ def measure_join(lab: Lab, early_output_tokens: int = 300, late_output_tokens: i
         thread.start()
         decoding.wait(wait_s)
         before = scrape(lab.settings.metrics_url, model=lab.model)
-        late = stream_chat(lab.client, lab.model,
+        late = stream_chat(late_client, lab.model,
                            [{"role": "user", "content": factory.first_turn_content(2, prompt_tokens)}],
                            max_tokens=late_output_tokens,
                            extra_body={"ignore_eos": True, "min_tokens": late_output_tokens})
@@ -90,7 +94,12 @@ def measure_join(lab: Lab, early_output_tokens: int = 300, late_output_tokens: i
     if failed:
         raise RuntimeError(f"a request of the join experiment failed: {failed[0] or 'no token'}; check the engine "
                            "(`workshop status`)")
-    return JoinResult(box["early"], late, sampler.frame(), late_queue_s)
+    return JoinResult(box["early"], late, sampler.frame(), late_queue_s, _ids(early_client), _ids(late_client))
+
+
+def _ids(client: Any) -> list[int] | None:
+    """A request's token ids, prompt then generated, as the server returned them; None when it returned none."""
+    return None if not client.prompt_ids else [*client.prompt_ids, *client.output_ids]
 
 
 def _queue_time_of_one(metrics_url: str, model: str, before: Any, wait_s: float = 1.0) -> float | None:
@@ -109,6 +118,31 @@ def _queue_time_of_one(metrics_url: str, model: str, before: Any, wait_s: float 
 def _token_times(timing: StreamTiming) -> list[float]:
     """One arrival time per generated token (a chunk carrying n tokens counts n times)."""
     return [t for t, n in zip(timing.chunk_times, timing.chunk_tokens) for _ in range(n)]
+
+
+def join_streams(result: JoinResult) -> list[Any]:
+    """The join's two requests as the paged-KV picture takes them (``pictures.BlockStream``), with their token ids
+    when the server returned them for every token counted."""
+    from helpers.lessons.l03.pictures import BlockStream
+
+    out = []
+    for name, timing, ids in (("early request", result.early, result.early_ids),
+                              ("late request", result.late, result.late_ids)):
+        complete = ids is not None and len(ids) == (timing.prompt_tokens or 0) + timing.completion_tokens
+        out.append(BlockStream(name, timing.t_sent, timing.t_first_token, timing.t_done, timing.prompt_tokens or 0,
+                               _token_times(timing), ids if complete else None))
+    return out
+
+
+def join_moments(result: JoinResult) -> dict[str, float]:
+    """Four moments of the join to draw (perf_counter s): the early request alone, just before the late one was sent;
+    both decoding, halfway through the late one's stream; the late one ended, its blocks freed; the early one's last
+    token."""
+    late, early = result.late, result.early
+    first, done = late.t_first_token or late.t_sent, late.t_done or late.t_sent
+    last = early.t_last_token or early.t_done or done
+    return {"the early request alone": late.t_sent - 1e-3, "both decoding": (first + done) / 2,
+            "the late request ended": min(done + 0.05, last), "the early request's last token": last}
 
 
 def join_summary(result: JoinResult) -> dict[str, Any]:
