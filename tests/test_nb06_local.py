@@ -1,4 +1,7 @@
-"""Notebook 06 on the local path: run top to bottom against the shared real engine (tests/notebook_local.py)."""
+"""Notebook 06 on the local path: run top to bottom against the shared real engine (tests/notebook_local.py). On the
+CPU profile RUN_GO_DEEPER is True, so the core path and every Go-deeper section run; the parameters are the smallest
+that still reach every branch and check: two concurrencies (the trend), one round (the grid completes the core's),
+K_VALUES [1, 3] (one other k, and the fixed engine of the losslessness test)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,19 @@ def test_notebook_06_aligned_draft_is_accepted_more_than_the_misaligned_one(lab,
                      r"\(position 1 to 3\)|needs k >= 2 with drafts at every position)", text), text[-4000:]
     # the formula (1 - a^(k+1)) / (1 - a) is checked against the counters at k = 3; eight checks, two exercises
     assert re.search(r"formula [\d.]+ vs measured [\d.]+ tokens per step", text)
-    assert text.count("What you should see:") == 11 and text.count("(made by the test run)") == 2
+    assert text.count("What you should see:") == 15 and text.count("(made by the test run)") == 2
+    # the mechanism cells ran (their checks seen), the code exercise's worked solution passed
+    for claim in ("the output shares equal p, whatever q is", "the formula and the simulation agree",
+                  "one example, a different speed-up for each assumption"):
+        assert f"What you should see: {claim}\n  ✔" in text, claim
+    assert "✔ tokens per step: right. E = 2.533 tokens per step at a = 0.7, k = 3" in text
+    # draft-then-verify from one stream on the aligned draft: its steps read from the chunk sizes, guesses kept
+    assert re.search(r"What you should see: steps of more than one token, where guesses were kept\n  ✔ seen in this "
+                     r"run: \d+ verification steps: \d+ of \d+ guesses kept", text), text[-3000:]
+    assert re.search(r"the server's counters at concurrency 1: each position's guess kept in \d+%, \d+%, \d+% of", text)
+    # the Go-deeper grid and k sweep measured here (RUN_GO_DEEPER on the CPU) and written with their provenance
+    for name in ("06-methods", "06-k"):
+        assert f"{name}: measured here and written to" in text, name
     # the cost side: the talk's example, c from the untrained draft, E / (1 + k c) against the measured speed-up
     assert "4 x 20 ms = 80 ms against 4 x 5 ms + 25 ms = 45 ms: 1.78x if every guess is accepted" in text
     # (on a machine busy enough that a speculative step measured cheaper than a plain one, the sentence says so)

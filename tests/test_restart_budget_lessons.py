@@ -72,22 +72,37 @@ def test_notebook_05_core_path_restarts(env, most, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("env, most", [(K8S_ENV, 3), ({}, None)], ids=["k8s", "cpu"])
-def test_notebook_06_core_path_restarts(env, most, monkeypatch, capsys):
-    from helpers.lessons.l06 import BASELINE, draft_methods, run_methods, spec_config
+def test_notebook_06_core_path_restarts(env, most, monkeypatch, capsys, tmp_path):
+    """The core path (the aligned draft against no speculation, one round) and the Go-deeper steps as the notebook
+    calls them, at the k8s test's quick K_VALUES [1, 3] too: on k8s RUN_GO_DEEPER is False, so the method grid and
+    the other k are loaded from the instructor's file (none here: one sentence) and restart nothing."""
+    from helpers.lessons.l06 import (BASELINE, complete_rounds, draft_methods, measure_or_load, run_methods,
+                                     spec_config)
     from helpers.lessons.l06 import runs as runs_module
 
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path))
     params = _parameters("06_speculative_decoding.ipynb", env, monkeypatch)
     lab = _lab(env, "Qwen/Qwen3-4B" if env else "tiny-agent")
-    k = params["NUM_SPECULATIVE_TOKENS"]
+    k, go_deeper = params["NUM_SPECULATIVE_TOKENS"], params["RUN_GO_DEEPER"]
     names = (f"draft k={k}", "misaligned", "ngram")
+    monkeypatch.setattr(runs_module, "measure_speculation",
+                        lambda lab, name, concurrencies, *a, **kw: [{"config": name, "concurrency": concurrencies[0]}])
+    core = {BASELINE: None, names[0]: spec_config("draft_model", k, model=params["DRAFT"])}
+    runs, _ = run_methods(lab, core, [1], None, 1, 1)
+    core_restarts = len(lab.engine.applied)
     methods = draft_methods(k, params["DRAFT"], params["MISALIGNED_DRAFT"], names, BASELINE)
-    monkeypatch.setattr(runs_module, "measure_speculation", lambda *a, **kw: [])
-    run_methods(lab, methods, [1], None, params["REPEATS"], 1)
-    k_methods = {f"k={v}": spec_config("draft_model", v, model=params["DRAFT"]) for v in params["K_VALUES"] if v != k}
-    run_methods(lab, k_methods, [1], None, 1, 1)  # section 3: the other k, at the lowest concurrency
+    measure_or_load("06-methods", go_deeper, lab, lambda: complete_rounds(lab, methods, runs, [1], None,
+                                                                          params["REPEATS"], 1), {})
+    for k_values in (params["K_VALUES"], [1, 3]):  # the notebook's and the k8s test's
+        others = {f"k={v}": spec_config("draft_model", v, model=params["DRAFT"]) for v in k_values if v != k}
+        measure_or_load("06-k", go_deeper, lab, lambda: run_methods(lab, others, [1], None, 1, 1)[0], {})
     restarts = len(lab.engine.applied)
+    assert lab.engine.config().args == ("--max-model-len", "8192")  # back without speculation
     if most is not None:
-        assert restarts <= most and list(methods) == [BASELINE, names[0], names[2]]
-        assert "Not run: a misaligned draft" in capsys.readouterr().out
+        assert core_restarts == restarts == 2 <= most and go_deeper is False
+        out = capsys.readouterr().out
+        assert "Not run: a misaligned draft" in out and out.count("Not run (RUN_GO_DEEPER is False): No results file") == 3
     else:
-        assert restarts > 3 and len(methods) == 4  # the CPU runs the whole grid and every k
+        assert core_restarts == 2 and go_deeper is True and len(methods) == 4  # the CPU runs the whole grid and every k
+        # misaligned, ngram, back; a second round (aligned, misaligned, ngram, back); k=1, k=5, back; k=1, back
+        assert restarts == 2 + 3 + 4 + 3 + 2
