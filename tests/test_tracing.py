@@ -235,7 +235,15 @@ def test_phases_longer_than_the_span_never_make_an_interval_run_backwards():
 def test_the_timeline_puts_each_span_in_its_lane_from_the_run_start():
     spans = [span_from_phoenix(s) for s in SYNTHETIC[:4]]
     rows = timeline(spans)
-    assert [r["lane"] for r in rows] == ["agent", "llm"] + ["vllm"] * 5 + ["tool"]
+    assert [r["lane"] for r in rows] == ["agent", "llm"] + ["server"] * 5 + ["tool"]
     assert rows[0]["start_s"] == 0 and rows[-1]["name"] == "execute_tool get_weather"
     assert rows[-1]["start_s"] == pytest.approx(0.43, abs=1e-5)
+    assert [r["name"] for r in rows if r["lane"] == "server"] == ["arrival", "queue", "prefill", "decode", "return"]
     assert timeline([]) == []
+
+
+def test_the_timeline_feeds_the_request_life_picture_as_it_is():
+    from helpers.measure.request_life import from_rows
+
+    life = from_rows(timeline([span_from_phoenix(s) for s in SYNTHETIC[:4]]))
+    assert {s.name for s in life.spans if s.lane == "server"} == {"arrival", "queue", "prefill", "decode", "return"}

@@ -253,23 +253,24 @@ def request_phases(span: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def lane(span: dict[str, Any]) -> str:
-    """Which row of the picture a span goes in: agent, llm (the agent's call), vllm (the server), tool."""
+    """Which row of the picture a span goes in: agent, llm (the agent's call), server (vLLM's span), tool."""
     if span["name"] == LLM_REQUEST:
-        return "vllm"
+        return "server"
     kind = span["attributes"].get("gen_ai.operation.name")
     return {"invoke_agent": "agent", "chat": "llm", "execute_tool": "tool"}.get(kind, "other")
 
 
 def timeline(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One trace as rows for a timeline: lane, name, start_s and end_s in seconds from the trace's first span;
-    each ``llm_request`` comes as its phases (``request_phases``), labelled ``vLLM queue`` and so on."""
+    each ``llm_request`` comes as its phases (``request_phases``: ``arrival``, ``queue`` ... in lane ``server``).
+    ``helpers.measure.request_life.from_rows`` takes these rows as they are and draws them."""
     if not spans:
         return []
     t0 = min(s["start_s"] for s in spans)
     rows = []
     for span in sorted(spans, key=lambda s: s["start_s"]):
         if span["name"] == LLM_REQUEST:
-            rows += [{"lane": "vllm", "name": f"vLLM {p['name']}", "start_s": p["start_s"] - t0,
+            rows += [{"lane": "server", "name": p["name"], "start_s": p["start_s"] - t0,
                       "end_s": p["end_s"] - t0} for p in request_phases(span)]
         else:
             rows.append({"lane": lane(span), "name": span["name"], "start_s": span["start_s"] - t0,
