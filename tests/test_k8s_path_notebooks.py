@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from kube_double import double
+from should_see_checks import assert_checks_decided
 
 from helpers.cluster.overlays import render
 from helpers.core.restarts import RESTART_LOG_ENV, RestartRow, decode_rows
@@ -224,6 +225,7 @@ def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) ->
     assert (left.served_name, flags(left.args)) == provisioned, (
         f"{name} left the engine on {' '.join(left.args)}, not the provisioned {' '.join(room.baseline[4:])}")
     assert _generates(lab)
+    assert_checks_decided(run.output)  # no should-see check skipped for lack of data (tests/should_see_checks.py)
     return text
 
 
@@ -245,6 +247,7 @@ def test_notebook_01_through_workshop_run_with_the_restart_table(room, tmp_path,
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
     assert "per million output tokens, prompts included" in text
+    assert_checks_decided(tmp_path / name)
 
 
 def test_notebook_02_on_the_cluster_path(room, tmp_path, monkeypatch):
@@ -293,10 +296,25 @@ def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
 
 
 def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):
+    import pandas as pd
+    from helpers.measure.results_file import Provenance, write_results
+
+    # the instructor's search for the room, as RUN_GO_DEEPER=True writes it: the attendee's notebook reads it back
+    gpu = load_settings().gpu
+    write_results("08-search", pd.DataFrame([{"step": 0, "change": "baseline", "kept": None, "why": "baseline"},
+                                             {"step": 1, "change": "--max-num-seqs 32 -> 64", "kept": True, "why": "faster"}]),
+                  Provenance("Qwen/Qwen3-4B", gpu, "0.33.0", "vllm/vllm-openai:v0.33.0", "abc1234", {"REPEATS": 2},
+                             "2026-12-01 09:00 UTC"), tmp_path / "results")
+    monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path / "results"))
     text = _run(room, "08_tuning_and_evaluation.ipynb", tmp_path, monkeypatch,
-                {"CONCURRENCIES": [1, 8], "REPEATS": 1})  # the core path's one candidate: the memory knob
+                {"CONCURRENCIES": [1, 8], "REPEATS": 1, "STRUCTURED_TASKS": 4, "STRUCTURED_ROUNDS": 2})
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
-    assert [d[0] for d in decisions] == ["--gpu-memory-utilization"], text[-3000:]
+    assert [d[0] for d in decisions] == ["--gpu-memory-utilization"], text[-3000:]  # the core path's one candidate
     # the manifest exercise went through kubectl diff, apply and rollout status (the double), not set_flag
     assert "on the cluster: kubectl diff, apply and rollout status ran" in text
     assert re.search(r"vllm serve Qwen/Qwen3-4B --served-model-name Qwen/Qwen3-4B", text)
+    # Go deeper's search restarted nothing: it is the instructor's file, its provenance printed
+    assert f"08-search: measured 2026-12-01 09:00 UTC on {gpu} serving Qwen/Qwen3-4B, vLLM 0.33.0" in text
+    assert "from the instructor's results file (its provenance printed above): 1 of 1 changes kept" in text
+    row = RESTART_ROWS[-1]
+    assert row.core == row.total <= 3, row
