@@ -135,7 +135,7 @@ def test_the_pool_gauge_is_read_at_the_nearest_sample():
     from helpers.lessons.l03.pictures import pool_used
 
     gauges = pd.DataFrame({"t": [0.0, 1.0, 2.0], "kv_cache_usage": [0.0, 0.5, float("nan")]})
-    assert pool_used(gauges, {"a": 0.9, "b": 1.9}, 11) == {"a": 5, "b": 5}
+    assert pool_used(gauges, {"a": 0.9, "b": 1.9}, 11) == {"a": (5, pytest.approx(0.1)), "b": (5, pytest.approx(-0.9))}
     assert pool_used(gauges.iloc[:0], {"a": 1.0}, 11) == {"a": None}
 
 
@@ -146,13 +146,13 @@ def test_the_paged_kv_picture_draws_every_block_and_says_what_vllm_does_not_repo
     from helpers.lessons.l03.pictures import paged_view, plot_paged_kv
 
     view = paged_view(_picture_streams(), 8, {"alone": 1.95, "both": 2.55, "late ended": 3.5})
-    fig = plot_paged_kv(view, 8, {"alone": 4, "both": 6, "late ended": None})
+    fig = plot_paged_kv(view, 8, {"alone": (4, -0.05), "both": (6, 0.02), "late ended": None})
     assert len(fig.axes) == 3
     texts = [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
     assert "2/8" in texts and any("freed" in t for t in texts)
     assert any("not which physical block" in t for t in texts)
     titles = [ax.get_title(loc="left") for ax in fig.axes]
-    assert titles[0] == "alone, t = 1.9 s: 4 blocks held (the pool's gauge: 4 used)"
+    assert titles[0] == "alone, t = 1.9 s: 4 blocks held (the pool's gauge -0.05 s from then: 4 used)"
     assert titles[2].endswith("blocks held")  # no gauge sample: none named
     import matplotlib.pyplot as plt
 

@@ -5,7 +5,8 @@ queue, prefill and decode times), never which physical block holds which tokens.
 give: for each request, its logical blocks in order (block b holds its tokens b x block_size ... (b + 1) x block_size
 - 1), how full each is at a few moments (from the prompt's length and the arrival time of every generated token), and
 the prefix cache's hash of each full block (``prefix_hash.block_hashes`` over the token ids the server returned:
-prompt, then generated). Beside each moment: the pool's used blocks as the gauge read them. Where the blocks sit in
+prompt, then generated). Beside each moment: the pool's used blocks as the gauge's nearest sample read them, with how
+far that sample is from the moment (it can lag a block's allocation or release by a step or a sample). Where the blocks sit in
 the pool is not drawn: no metric says.
 
 ``paged_view`` turns the streams into rows (pure); ``plot_paged_kv`` takes those rows and returns a Figure.
@@ -80,25 +81,27 @@ def paged_view(streams: Sequence[BlockStream], block_size: int, moments: Mapping
     return pd.DataFrame(rows, columns=VIEW_COLUMNS)
 
 
-def pool_used(gauges: pd.DataFrame, moments: Mapping[str, float], num_blocks: int) -> dict[str, int | None]:
+def pool_used(gauges: pd.DataFrame, moments: Mapping[str, float],
+              num_blocks: int) -> dict[str, tuple[int, float] | None]:
     """The pool's used blocks at each moment, from the gauge sample nearest to it (KV usage x (blocks - 1): one block
-    is vLLM's null block); None where no sample was taken."""
-    out: dict[str, int | None] = {}
+    is vLLM's null block), with that sample's time from the moment (s; the server reports its last recorded step, so
+    a sample can lag a block's allocation or release); None where no sample was taken."""
+    out: dict[str, tuple[int, float] | None] = {}
+    usable = gauges.dropna(subset=["kv_cache_usage"]) if len(gauges) else gauges
     for moment, t in moments.items():
-        usable = gauges.dropna(subset=["kv_cache_usage"]) if len(gauges) else gauges
         if not len(usable):
             out[moment] = None
             continue
         nearest = usable.iloc[(usable["t"] - t).abs().argmin()]
-        out[moment] = round(float(nearest["kv_cache_usage"]) * (num_blocks - 1))
+        out[moment] = (round(float(nearest["kv_cache_usage"]) * (num_blocks - 1)), float(nearest["t"]) - t)
     return out
 
 
-def plot_paged_kv(view: pd.DataFrame, block_size: int, used: Mapping[str, int | None] | None = None,
+def plot_paged_kv(view: pd.DataFrame, block_size: int, used: Mapping[str, tuple[int, float] | None] | None = None,
                   title: str = "PagedAttention: each request's KV blocks, as this run filled them") -> Figure:
     """``paged_view`` rows as one panel per moment: per request a row of its logical blocks, each shaded as full as
     it is and labelled with its prefix hash (full) or its tokens (filling); a freed request drawn as such. ``used``:
-    the pool's used blocks per moment (the gauge), named in each panel's title."""
+    the pool's used blocks per moment and the gauge sample's offset from it (``pool_used``), in each panel's title."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -133,7 +136,8 @@ def plot_paged_kv(view: pd.DataFrame, block_size: int, used: Mapping[str, int | 
         held = int((rows["block"] >= 0).sum())
         gauge = (used or {}).get(moment)
         ax.set_title(f"{moment}, t = {t_s:.1f} s: {held} blocks held"
-                     + (f" (the pool's gauge: {gauge} used)" if gauge is not None else ""), fontsize=9, loc="left")
+                     + (f" (the pool's gauge {gauge[1]:+.2f} s from then: {gauge[0]} used)" if gauge is not None
+                        else ""), fontsize=9, loc="left")
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1, 0].set_xlabel(f"the request's logical block ({block_size} tokens each): its prefix hash once full, "
                            "else the tokens it holds", fontsize=8)
