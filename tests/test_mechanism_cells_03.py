@@ -173,6 +173,7 @@ EVENTS_PORT = os.environ.get("WORKSHOP_KV_EVENTS_TEST_PORT", "8769")
 def events_lab(tmp_path_factory):
     """An engine of its own, not the suite's shared one: it publishes KV events (--kv-events-config) to a ZMQ socket
     this test binds (an endpoint with a host makes vLLM's publisher connect to it)."""
+    pytest.importorskip("vllm")  # the engine, and its KV event types
     zmq = pytest.importorskip("zmq")
     from fakes import engine_environment
     from helpers.core.settings import load_settings
