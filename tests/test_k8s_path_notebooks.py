@@ -257,11 +257,13 @@ def test_notebook_02_on_the_cluster_path(room, tmp_path, monkeypatch):
 
 def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
     text = _run(room, "03_prefill_decode_kv_cache.ipynb", tmp_path, monkeypatch,
-                {"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "NAIVE_NEW_TOKENS": 32, "LONG_OUTPUT_TOKENS": 300,
-                 "AGENT_TURNS": 3, "STALL_STREAMS": 2, "SHARED_PREFIX_TOKENS": 512})
-    assert "engine back on the flags it had before section 9: True" in text
+                {"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "DECODE_TOKENS": 16, "NAIVE_NEW_TOKENS": 16,
+                 "PREFIX_ROUNDS": 2, "SHARED_PREFIX_TOKENS": 512, "JOIN_EARLY_TOKENS": 160,
+                 "LONG_OUTPUT_TOKENS": 150, "AGENT_TURNS": 2, "STALL_STREAMS": 2})
+    assert "engine back on the flags it had before the stall section: True" in text
     for config in ("default", "256"):  # both rolled out (the GPU branch names no default's size)
-        assert re.search(rf"\] max-num-batched-tokens {config}: the long prefill stalls the running streams", text)
+        assert re.search(rf"max-num-batched-tokens {config}: the long prefill stalls the running streams", text)
+    assert re.search(r"your chain predicts the prompt tokens the server found cached\n  ✔", text)
 
 
 def test_notebook_04_on_the_cluster_path(room, tmp_path, monkeypatch):
