@@ -66,3 +66,36 @@ def test_06_a_wrong_answer_fails_saying_what_is_wrong(answer, says):
 def test_06_the_right_answer_written_any_way_passes(capsys):
     run(answered(tagged(NB06, "exercise").source, "my_tokens_per_step", "1 + 0.7 + 0.7 ** 2 + 0.7 ** 3"), **N06)
     assert "✔ tokens per step: right." in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- 07: Little's law
+
+def n07() -> dict:
+    from helpers.lessons.l07_saturation import check_exercise, littles_law_check
+
+    runs = {"top run": {"request_throughput": 2.5, "mean_e2el_ms": 12_400.0}}  # 2.5 req/s, 12.4 s each: 31 in flight
+    return {"summarize": lambda result: runs[result], "small_results": ["c1 run", "top run"], "top": 32,
+            "check_exercise": check_exercise, "littles_law_check": littles_law_check}
+
+
+def test_07_asks_before_it_is_written(capsys):
+    run(tagged(NB07, "exercise").source, **n07())
+    assert capsys.readouterr().out.startswith("Your turn (Little's law): replace the None and run the cell again. Hint: ")
+
+
+def test_07_the_worked_solution_passes_on_this_runs_numbers(capsys):
+    cell = tagged(NB07, "solution")
+    assert cell.metadata["jupyter"]["source_hidden"] is True
+    run(tagged(NB07, "exercise").source + "\n\n" + cell.source, **n07())
+    assert capsys.readouterr().out.splitlines()[-1].startswith(
+        "✔ Little's law: right. 2.50 req/s x 12.40 s = 31.0 requests in flight, against the 32 users")
+
+
+@pytest.mark.parametrize("answer, says", [("throughput_req_s / latency_s", "divides throughput by latency"),
+                                          ("latency_s / throughput_req_s", "divides latency by throughput"),
+                                          ("top", "32 is the concurrency the load generator was set to"),
+                                          ("throughput_req_s + latency_s", "is not throughput_req_s x latency_s"),
+                                          ("'many'", "must be a number of requests")])
+def test_07_a_wrong_answer_fails_saying_what_is_wrong(answer, says):
+    with pytest.raises(AssertionError, match=f"Little's law: .*{says}"):
+        run(answered(tagged(NB07, "exercise").source, "my_requests_in_flight", answer), **n07())

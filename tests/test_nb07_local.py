@@ -49,6 +49,12 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
     assert re.search(r"a GPU gains more from batching than this CPU \(published, not from this run\)\n  \S+ (not )?seen "
                      r"in this run: Batching: here \d+x the users bought [\d.]+x the output tokens/s", text)
     assert text.count("(made by the test run)") == 3 and text.count("This run: ") == 3  # the three exercises ran
+    # the code exercise's worked solution: Little's law on the small cap's top run, near the 32 users it kept sending
+    little = re.search(r"✔ Little's law: right\. [\d.]+ req/s x [\d.]+ s = ([\d.]+) requests in flight, against the 32 "
+                       r"users", text)
+    assert little and 0 < float(little.group(1)) <= 32 * 1.1, text[-3000:]
+    # the Go-deeper replicas ran here (RUN_GO_DEEPER on the CPU) and wrote their results file with its provenance
+    assert "07-replicas: measured here and written to" in text
     # beyond one engine: every policy's hit rate and TTFT from the replicas' own counters; affinity beats round robin
     hit = {p: float(r) for p, r in re.findall(r"- (\w+) over 2 replicas: prefix-cache hit rate ([\d.]+)%, TTFT turn 1 "
                                               r"[\d,]+ ms, later turns [\d,]+ ms, [\d.,]+ output tok/s, 0 failed", text)}

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from helpers.core.comparison import BETTER, SAME, SINGLE_RUN_NOISE_REL, WORSE, compare_samples
 from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, lesson_verdict, report
-from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion
+from helpers.core.lesson import check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion
 from helpers.engine.interface import Engine, EngineError
 from helpers.engine.replicas import ReplicaSet, replica_set_beside, usable_cores
 from helpers.engine.router import RouterError, router_binary
@@ -40,6 +40,7 @@ from helpers.lessons import plots
 from helpers.measure import failover, routing, saturation
 from helpers.measure.bench_results import summarize, sweep_table
 from helpers.measure.failover import SURVIVES, FailureRun, replica_failure_run
+from helpers.measure.results_file import measure_or_load
 from helpers.measure.routing import (AgentWorkload, PolicyComparison, compare_policies, conclude_affinity,
                                      conclude_later_turns, cpu_caveat, gpu_expectation)
 from helpers.measure.saturation import SweepAnalysis
@@ -49,10 +50,10 @@ from helpers.planning.token_price import ROOFLINE_MARGIN
 
 __all__ = [
     # re-exported from the floors below (and the shared figures), for the notebook
-    "Workload", "check_prediction", "check_quiet", "failover", "plots", "ratio_outcome", "report", "routing",
+    "Workload", "check_exercise", "check_prediction", "check_quiet", "measure_or_load", "failover", "plots", "ratio_outcome", "report", "routing",
     "saturation", "should_see", "should_see_conclusion", "summarize", "sweep_table", "token_price", "price_curve",
     # this lesson's own
-    "TPOT_FALL", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome", "client_lag_conclusion",
+    "TPOT_FALL", "littles_law_check", "NOT_STARTED", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome", "client_lag_conclusion",
     "control_conclusion", "failure_timeline", "faster_is_dearer", "goodput_conclusion", "gpus_needed_conclusion",
     "knee_sentence", "lesson_replica_set", "lift_conclusion", "pareto_fold_conclusion", "price_conclusions",
     "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions", "slo_rule",
@@ -414,6 +415,10 @@ def lesson_replica_set(engine: Engine, replicas: int = 2) -> tuple[ReplicaSet | 
     return replica_set_beside(settings, replicas), True, ""
 
 
+NOT_STARTED = ("Replicas not started: RUN_GO_DEEPER is False (each replica is an engine of its own, on a GPU a GPU of "
+               "its own; on a cluster the instructor's kustomize component k8s/components/router runs them).")
+
+
 @dataclass
 class ScaleOutRun:
     """The routing comparison and the failure run of notebook 07, or the sentence that says why they did not run."""
@@ -572,3 +577,31 @@ def failure_timeline(run: ScaleOutRun) -> Figure | None:
     _axes_outside_legend(ax, "request sent, s since the run started", "end-to-end latency (s)",
                          "What the client saw while a replica died")
     return fig
+
+
+# ---------------------------------------------------------------- the code exercise: Little's law
+
+def littles_law_check(throughput_req_s: float, latency_s: float, users: int):
+    """A ``check_exercise`` check of the requests in flight by Little's law, L = throughput (req/s) x latency (s): None
+    when the answer is that product, else the sentence that says what is wrong (divided, inverted, the concurrency)."""
+    right = throughput_req_s * latency_s
+
+    def close(value: float, target: float) -> bool:
+        return abs(value - target) <= 1e-6 * max(1.0, abs(target))
+
+    def check(answer: Any) -> str | None:
+        try:
+            value = float(answer)
+        except (TypeError, ValueError):
+            return f"the answer must be a number of requests, not {answer!r}."
+        if close(value, right):
+            return None
+        if latency_s and close(value, throughput_req_s / latency_s):
+            return "that divides throughput by latency: requests in flight are the two multiplied."
+        if throughput_req_s and close(value, latency_s / throughput_req_s):
+            return "that divides latency by throughput: requests in flight are the two multiplied."
+        if close(value, users):
+            return (f"{users} is the concurrency the load generator was set to; compute the requests in flight from "
+                    "the measured throughput and latency, and compare.")
+        return f"{value:.4g} is not throughput_req_s x latency_s."
+    return check
