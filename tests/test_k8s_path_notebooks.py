@@ -280,21 +280,23 @@ def test_notebook_05_on_the_cluster_path(room, tmp_path, monkeypatch):
 
 
 def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):
-    # the draft by its hub id (Qwen/Qwen3-0.6B -> tiny-draft in the pod); the misaligned draft the room lacks is left out
+    # the draft by its hub id (Qwen/Qwen3-0.6B -> tiny-draft in the pod); Go deeper finds no instructor's file here
     text = _run(room, "06_speculative_decoding.ipynb", tmp_path, monkeypatch,
-                {"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2, "REPEATS": 1})
+                {"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2})
     assert "Qwen/Qwen3-0.6B" in text
+    assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (2, 2)  # the aligned draft and back; Go deeper none
+    assert text.count("Not run (RUN_GO_DEEPER is False): No results file") == 2
+    assert re.search(r"\d+ verification steps: \d+ of \d+ guesses kept", text)
 
 
 def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
     text = _run(room, "07_saturation.ipynb", tmp_path, monkeypatch,
                 {"CONCURRENCIES": [1, 8, 32], "MIN_REQUESTS": 8, "REQUESTS_PER_USER": 1, "SMALL_MAX_NUM_SEQS": 4,
-                 "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64, "AGENT_CONVERSATIONS": 4, "AGENT_TURNS": 3,
-                 "AGENT_CONCURRENCY": 1, "POLICY_REPEATS": 1, "FAILURE_CONVERSATIONS": 4, "FAILURE_CONCURRENCY": 2,
-                 "KILL_AFTER_ANSWERS": 2})
+                 "LARGE_MAX_NUM_SEQS": 32, "OUTPUT_LEN": 64})  # the replicas are Go deeper: not run on k8s
     small = re.search(r"- \[shown\] With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
     assert small and int(small.group(1)) <= 4, text[-3000:]
-    assert "kustomize component k8s/components/router" in text  # the replicas section names the cluster's way
+    assert "kustomize component k8s/components/router" in text  # the skip sentence names the cluster's way
+    assert "Not run (RUN_GO_DEEPER is False): No results file" in text and RESTART_ROWS[-1].total == 3
 
 
 def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):
