@@ -90,6 +90,25 @@ def test_goodput_counts_requests_within_every_slo():
         summarize(synthetic_run(), slos={"latency_ms": 10})
 
 
+def test_tpot_and_e2el_end_at_the_last_chunk_with_choices_as_vllm_bench_serve_does():
+    """Issue 32: vLLM's latency is send -> last chunk with choices (a finish chunk after the last token's
+    included), TPOT = (latency - ttft) / (tokens - 1); the end of the stream ([DONE]) is not the end."""
+    run = synthetic_run()
+    a, b, c = run.requests[:3]
+    a.t_last_chunk = 0.40  # A's finish chunk, 100 ms after its last token, carries no text
+    b.t_last_chunk = 0.45  # B's finish rides on its last token chunk
+    c.t_last_chunk = 0.70
+    s = summarize(run)
+    # TPOT: A (400 - 100) / 3 = 100 (ours from its tokens would be 200/3), B 200 / 1, C 300 / 3
+    assert s["mean_tpot_ms"] == pytest.approx((100 + 200 + 100) / 3)
+    # e2el: A 400 (not its 310 ms end of stream), B 450 - 50 = 400, C 700 - 100 = 600
+    assert s["mean_e2el_ms"] == pytest.approx((400 + 400 + 600) / 3)
+    assert s["median_e2el_including_client_queue_ms"] == pytest.approx(450)  # B waited 50 ms in the client
+    assert list(requests_frame(run)["tpot_ms"][:3]) == pytest.approx([100, 200, 100])
+    # goodput judges the same TPOT: A now meets a 120 ms TPOT SLO, B does not
+    assert summarize(run, slos={"tpot_ms": 120})["good_requests"] == 2
+
+
 def test_a_run_where_everything_failed_has_no_latency_not_zero():
     run = synthetic_run()
     for r in run.requests:

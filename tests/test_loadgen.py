@@ -75,6 +75,20 @@ def test_without_continuous_usage_the_final_count_wins_without_a_fake_chunk(make
     assert t.tpot_s == pytest.approx((t.chunk_times[-1] - t.chunk_times[0]) / 9)
 
 
+def test_a_request_ends_at_its_last_chunk_with_choices_as_in_vllm_bench_serve(make_fake):
+    fake = make_fake(chunk_pattern=(1, 3, 2), chunk_gap_s=0.01, continuous_usage=False)
+    result = run_load(settings_for(fake), Workload(input_len=80, output_len=10, min_tokens=False,
+                                                   usage_per_chunk=False), Load(concurrency=2, num_requests=4))
+    summary = summarize(result)
+    for r in result.requests:
+        # the fake finishes on the last token's chunk; the usage-only chunk and [DONE] come 10 ms later
+        assert r.t_last_chunk == r.timing.chunk_times[-1] < r.timing.t_done
+    latencies = [r.t_last_chunk - r.timing.t_sent for r in result.requests]
+    tpots = [(e - r.timing.ttft_s) / 9 for e, r in zip(latencies, result.requests)]
+    assert summary["mean_e2el_ms"] == pytest.approx(1000 * statistics.mean(latencies))
+    assert summary["mean_tpot_ms"] == pytest.approx(1000 * statistics.mean(tpots))
+
+
 def test_reasoning_tokens_count_for_ttft_but_not_ttfot(make_fake):
     fake = make_fake(reasoning_tokens=3, chunk_gap_s=0.01)
     result = run_load(settings_for(fake), Workload(input_len=60, output_len=6), Load(concurrency=1, num_requests=1))

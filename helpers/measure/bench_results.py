@@ -8,9 +8,12 @@ e2el_including_client_queue; ``completed``, ``failed``, ``total_input_tokens``, 
 percentile naming (``p{int(p)}_<metric>_ms``, numpy's linear interpolation). Where the figures differ:
 
 - ``ttft``: first token on any channel (content, reasoning, tool call); vLLM's chat path stops at the
-  role-only first chunk, a little earlier. ``tpot``: (last token - first token)/(tokens - 1) from our
-  token timestamps; vLLM uses (latency - ttft)/(tokens - 1). ``itl``: gaps between token-carrying
-  chunks, pooled (vLLM's meaning). ``e2el``: send -> end of stream.
+  role-only first chunk, which vLLM's server writes in the same step as the first token's chunk.
+  ``tpot`` and ``e2el`` are vLLM's (issue 32): the request's ``latency`` is send -> the last chunk with
+  ``choices`` (the finish chunk included, the usage-only chunk and ``[DONE]`` not), and
+  TPOT = (latency - ttft)/(tokens - 1) per request, tokens from the server's usage
+  (``vllm_latency_s``, ``vllm_tpot_s``). ``itl``: gaps between token-carrying chunks, pooled (vLLM
+  pools the gaps between all chunks with ``choices``: its role-only and finish chunks add a gap each).
 - A statistic over no values is None (vLLM writes 0: the "median TTFT of 0" trap).
 - Our own fields, under their own names: ``*_ttfot_ms`` (first visible content), ``*_itl_per_token_ms``
   (each chunk gap spread over its tokens), ``mean_tokens_per_chunk``, ``max_tokens_per_chunk``,
@@ -77,12 +80,49 @@ def meets_slos(record: RequestRecord, slos_s: dict[str, float]) -> bool:
     if not record.timing.ok:
         return False
     for attr, limit in slos_s.items():
-        value = getattr(record.timing, attr)
+        value = _vllm_value(record, attr)
         if value is None and attr == "tpot_s":
             continue
         if value is None or value > limit:
             return False
     return True
+
+
+def vllm_latency_s(record: RequestRecord) -> float | None:
+    """vllm bench serve's request ``latency`` in seconds: sent -> last chunk with ``choices``.
+
+    The definition of vllm/benchmarks/lib/endpoint_request_func.py (async_request_openai_chat_completions:
+    ``output.latency = most_recent_timestamp - st``), adopted for issue 32; a record without that arrival
+    (one not streamed by the load generator) keeps send -> end of stream.
+    """
+    t = record.timing
+    if record.t_last_chunk is None:
+        return t.e2e_s
+    return record.t_last_chunk - t.t_sent
+
+
+def vllm_tpot_s(record: RequestRecord) -> float | None:
+    """vllm bench serve's TPOT in seconds: (latency - ttft) / (output tokens - 1), None under 2 tokens.
+
+    vllm/benchmarks/serve.py calculate_metrics (``latency_minus_ttft / (output_len - 1)``), adopted for
+    issue 32: the time after the first token, finish chunk included, over the tokens after the first.
+    """
+    t = record.timing
+    if record.t_last_chunk is None:
+        return t.tpot_s
+    latency, ttft = vllm_latency_s(record), t.ttft_s
+    if latency is None or ttft is None or t.completion_tokens < 2:
+        return None
+    return (latency - ttft) / (t.completion_tokens - 1)
+
+
+def _vllm_value(record: RequestRecord, attr: str) -> float | None:
+    """A request's figure for an SLO: vLLM's TPOT and e2el, the timing's own for the others."""
+    if attr == "tpot_s":
+        return vllm_tpot_s(record)
+    if attr == "e2e_s":
+        return vllm_latency_s(record)
+    return getattr(record.timing, attr)
 
 
 def _ms(value: float | None) -> float | None:
@@ -94,7 +134,8 @@ def requests_frame(result: LoadResult) -> pd.DataFrame:
     rows = []
     for r in result.requests:
         t = r.timing
-        user_rate = None if not t.tpot_s else 1.0 / t.tpot_s
+        tpot, latency = vllm_tpot_s(r), vllm_latency_s(r)
+        user_rate = None if not tpot else 1.0 / tpot
         rows.append({
             "index": r.index, "conversation": r.conversation, "turn": r.turn, "ok": t.ok,
             "error": t.error, "cancelled": r.cancelled,
@@ -102,8 +143,9 @@ def requests_frame(result: LoadResult) -> pd.DataFrame:
             "sent_s": t.t_sent - result.t_start,
             "client_queue_ms": _ms(t.client_queue_s),
             "first_byte_ms": _ms(None if t.t_first_byte is None else t.t_first_byte - t.t_sent),
-            "ttft_ms": _ms(t.ttft_s), "ttfot_ms": _ms(t.ttfot_s), "tpot_ms": _ms(t.tpot_s),
-            "e2el_ms": _ms(t.e2e_s), "e2el_including_client_queue_ms": _ms(t.e2e_incl_queue_s),
+            "ttft_ms": _ms(t.ttft_s), "ttfot_ms": _ms(t.ttfot_s), "tpot_ms": _ms(tpot),
+            "e2el_ms": _ms(latency),
+            "e2el_including_client_queue_ms": _ms(None if latency is None else latency + t.client_queue_s),
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
             "input_len_target": r.input_len_target, "output_len_target": r.output_len_target,
             "chunks": len(t.chunk_times), "max_tokens_per_chunk": max(t.chunk_tokens, default=0),
@@ -166,7 +208,9 @@ def summarize(result: LoadResult, slos: dict[str, float] | None = None,
     per_s = (lambda v: v / duration) if duration > 0 else (lambda v: None)  # noqa: E731
     chunk_tokens = [k for t in timings for k in t.chunk_tokens]
     lag_ms = np.asarray(result.loop_lag_s, dtype=float) * 1000.0
-    user_rates = [1.0 / t.tpot_s for t in timings if t.tpot_s]
+    tpots = [vllm_tpot_s(r) for r in done]
+    latencies = [vllm_latency_s(r) for r in done]
+    user_rates = [1.0 / v for v in tpots if v]
     good = sum(meets_slos(r, slos_s) for r in done) if slos_s else None
 
     out: dict[str, Any] = {
@@ -185,11 +229,13 @@ def summarize(result: LoadResult, slos: dict[str, float] | None = None,
         "total_token_throughput": per_s(total_in + total_out),
     }
     out.update(latency_stats("ttft", [t.ttft_s for t in timings], percentiles))
-    out.update(latency_stats("tpot", [t.tpot_s for t in timings], percentiles))
+    out.update(latency_stats("tpot", tpots, percentiles))
     out.update(latency_stats("itl", [g for t in timings for g in t.itl_chunk_s], percentiles))
-    out.update(latency_stats("e2el", [t.e2e_s for t in timings], percentiles))
+    out.update(latency_stats("e2el", latencies, percentiles))
     out.update(latency_stats("client_queue_time", [t.client_queue_s for t in timings], percentiles))
-    out.update(latency_stats("e2el_including_client_queue", [t.e2e_incl_queue_s for t in timings], percentiles))
+    out.update(latency_stats("e2el_including_client_queue",
+                             [None if e is None else e + t.client_queue_s for e, t in zip(latencies, timings)],
+                             percentiles))
     out.update(latency_stats("ttfot", [t.ttfot_s for t in timings], percentiles))
     out.update(latency_stats("itl_per_token", [g for t in timings for g in t.itl_token_s], percentiles))
     out.update({

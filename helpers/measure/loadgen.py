@@ -63,6 +63,10 @@ class RequestRecord:
     turn: int = 1
     warmup: bool = False
     cancelled: bool = False  # still in flight when the run was interrupted
+    # Arrival of the last chunk that had ``choices`` (the finish chunk included, the usage-only chunk not):
+    # where vllm bench serve ends a request (its ``latency``, vllm/benchmarks/lib/endpoint_request_func.py,
+    # async_request_openai_chat_completions), which its e2el and TPOT use; None when not streamed by _LoadRun.
+    t_last_chunk: float | None = None
 
 
 @dataclass
@@ -168,9 +172,9 @@ class _LoadRun:
         try:
             if sem is not None:
                 async with sem:
-                    await self._stream(http, payload, timing)
+                    await self._stream(http, payload, rec)
             else:
-                await self._stream(http, payload, timing)
+                await self._stream(http, payload, rec)
         except asyncio.CancelledError:
             timing.error = timing.error or "cancelled: the run was interrupted"
             timing.t_done = timing.t_done or time.perf_counter()
@@ -183,7 +187,8 @@ class _LoadRun:
             conv.add_reply(timing.text)
         return rec
 
-    async def _stream(self, http: aiohttp.ClientSession, payload: dict[str, Any], timing: StreamTiming) -> None:
+    async def _stream(self, http: aiohttp.ClientSession, payload: dict[str, Any], rec: RequestRecord) -> None:
+        timing = rec.timing
         self.n_inflight += 1
         self.max_inflight = max(self.max_inflight, self.n_inflight)
         timing.t_sent = time.perf_counter()
@@ -216,7 +221,8 @@ class _LoadRun:
                             message = err.get("message", err) if isinstance(err, dict) else err
                             timing.error = f"server error in stream: {message}"
                             return
-                        _record_chunk(timing, chunk, now)
+                        if _record_chunk(timing, chunk, now):
+                            rec.t_last_chunk = now
                     if done:
                         break
             if not done and timing.error is None:
@@ -384,8 +390,8 @@ class _Stopped(Exception):
     """The warm-up already failed too often: skip the measured phase."""
 
 
-def _record_chunk(timing: StreamTiming, chunk: dict[str, Any], now: float) -> None:
-    """Account one parsed SSE chunk of a chat completion stream."""
+def _record_chunk(timing: StreamTiming, chunk: dict[str, Any], now: float) -> bool:
+    """Account one parsed SSE chunk of a chat completion stream; True when it had ``choices``."""
     usage = chunk.get("usage")
     content, other = "", ""
     choices = chunk.get("choices") or []
@@ -410,6 +416,7 @@ def _record_chunk(timing: StreamTiming, chunk: dict[str, Any], now: float) -> No
         timing.usage = usage
         if usage.get("prompt_tokens") is not None:
             timing.prompt_tokens = usage["prompt_tokens"]
+    return bool(choices)
 
 
 def _label(load: Load) -> str:
