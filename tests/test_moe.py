@@ -151,3 +151,67 @@ def test_gpu_figures_beside_the_cpu_ones():
 def test_without_a_moe_the_comparison_says_not_run():
     [c] = conclude_dense_vs_moe(runs([300, 310], []), "Qwen/Qwen3-4B", None)
     assert c.text.startswith("not run: no MoE is served on this profile") and c.verdict == ""
+
+
+# ---------------------------------------------------------------- what fits: the workshop GPU, this CPU's cache
+
+def test_what_fits_the_gpu_is_computed_both_ways():
+    from helpers.hardware.gpus import get_gpu
+    from helpers.lessons.l04_moe import fits_lines, paper_table
+
+    small, big = get_gpu("RTX 4000 Ada"), get_gpu("H200")
+    lines = fits_lines(paper_table(["Qwen3-4B", "Qwen3-30B-A3B"], small), small)
+    assert lines[0].startswith("Qwen3-4B: 8.0 GB of BF16 weights fit the RTX 4000 Ada's")
+    assert lines[1].startswith("Qwen3-30B-A3B: 61.1 GB of BF16 weights exceed the RTX 4000 Ada's")
+    assert all(" fit the H200's" in line for line in fits_lines(paper_table(["Qwen3-4B", "Qwen3-30B-A3B"], big), big))
+
+
+def test_the_tiny_models_served_bytes_come_from_their_files():
+    from helpers.core.settings import models_dir
+    from helpers.lessons.l04_cache_fit import served_weight_bytes
+
+    # tiny-agent's safetensors file stores its tied LM head twice (10.4 MB); the engine holds it once
+    assert served_weight_bytes(models_dir() / "tiny-agent") == 2 * 4_164_352  # 8.3 MB
+    assert served_weight_bytes(models_dir() / "tiny-moe") == 2 * 11_250_432   # 22.5 MB
+
+
+def _sysfs(tmp_path, caches):
+    for i, (level, kind, size) in enumerate(caches):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return tmp_path
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    from helpers.lessons.l04_cache_fit import last_level_cache
+
+    root = _sysfs(tmp_path, [(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                             (3, "Unified", "12288K")])
+    cache = last_level_cache(root)
+    assert (cache.label, cache.size_bytes) == ("L3", 12 * 2**20)
+    assert last_level_cache(tmp_path / "nowhere") is None
+
+
+def test_the_cache_sentence_goes_each_way():
+    from helpers.lessons.l04_cache_fit import Cache, conclude_cache_fit
+
+    sizes = {"tiny-agent": 8_328_704, "tiny-moe": 22_500_864}
+    both = conclude_cache_fit(sizes, Cache(3, 32 * 2**20, "sysfs")).text
+    assert "tiny-agent 8.3 MB, tiny-moe 22.5 MB" in both and "L3 holds 32 MiB" in both and "all of them fit" in both
+    laptop = conclude_cache_fit(sizes, Cache(3, 12 * 2**20, "sysfs")).text
+    assert "tiny-agent fits and tiny-moe does not" in laptop
+    assert "none of them fits" in conclude_cache_fit(sizes, Cache(3, 4 * 2**20, "sysfs")).text
+    assert "not readable here" in conclude_cache_fit(sizes, None).text
+
+
+def test_on_a_gpu_the_cache_sentence_says_where_the_weights_are_read():
+    from types import SimpleNamespace
+
+    from helpers.lessons.l04_cache_fit import engine_cache_fit
+
+    lab = SimpleNamespace(settings=SimpleNamespace(profile="k8s"))
+    text = engine_cache_fit(lab, ["Qwen/Qwen3-4B", None]).text
+    assert text.startswith("The engine runs on a GPU (k8s profile)") and "Qwen/Qwen3-4B 8.0 GB" in text

@@ -8,7 +8,10 @@ engine) and measures every batch size ``repeats`` times, keeping each run. ``con
 judges the MoE against the dense model at each batch against the repeats' spread, and calls a gap no
 model difference can explain implausible. ``moe_gpu_caveat`` is the labelled GPU statement; ``moe_roofline_table``
 and ``moe_beside_gpu`` put this run's CPU number beside the roofline of a GPU and one published GPU measurement
-(``PUBLISHED_MOE``), labelled as not from this run.
+(``PUBLISHED_MOE``), labelled as not from this run. ``fits_lines`` says, from the numbers, which model's BF16 weights
+fit the workshop GPU; ``moe_ceiling_check`` checks the code exercise (the MoE's batch-1 decode ceiling, written by the
+attendee). The thinking step is ``helpers.lessons.l04_thinking``; the tiny models against this CPU's caches,
+``helpers.lessons.l04_cache_fit``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from helpers.core.comparison import BETTER, SAME, UNKNOWN, compare_samples, inte
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
 from helpers.core.models import by_profile, lesson_model, missing_reason, workshop_gpu
 from helpers.core.settings import models_dir
-from helpers.core.lesson import check_prediction, ratio_outcome, should_see, should_see_conclusion, show_conclusions
+from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
+                                 show_conclusions)
 from helpers.hardware.gpus import get_gpu
 from helpers.hardware.machine import check_quiet
+from helpers.lessons.l04_cache_fit import conclude_cache_fit, engine_cache_fit, last_level_cache, served_weight_bytes
+from helpers.lessons.l04_thinking import (api_price, conclude_thinking_cost, engine_price, measure_thinking,
+                                          per_token_outcome, thinking_example, thinking_model_served, thinking_table)
 from helpers.planning import roofline
-from helpers.planning.cost import conclude_reasoning_cost, reasoning_cost
 from helpers.planning.shape import REFERENCE_CONFIGS, count_params
 from helpers.planning.weights import weight_bytes
 
@@ -37,8 +43,12 @@ __all__ = [  # this module's own, then what notebook 04 uses from the floors bel
     "IMPLAUSIBLE_RATIO", "NOISY_REL", "conclude_dense_vs_moe", "conclude_moe_on_paper", "conclude_roofline_fit",
     "decode_table", "experts_share_outcome", "fade_table", "measure_decode", "moe_gpu_caveat", "paper_table",
     "plot_tiny_decode", "tiny_roofline_points", "PUBLISHED_MOE", "moe_roofline_table", "moe_beside_gpu",
-    "Conclusion", "REFERENCE_CONFIGS", "check_prediction", "check_quiet", "conclude_reasoning_cost", "count_params",
-    "get_gpu", "ratio_outcome", "reasoning_cost", "report", "roofline", "should_see", "should_see_conclusion",
+    "fits_lines", "MOE_CEILING_HINT", "moe_ceiling_check",
+    "conclude_cache_fit", "engine_cache_fit", "last_level_cache", "served_weight_bytes",  # l04_cache_fit
+    "api_price", "conclude_thinking_cost", "engine_price", "measure_thinking", "per_token_outcome",  # l04_thinking
+    "thinking_example", "thinking_model_served", "thinking_table",
+    "Conclusion", "REFERENCE_CONFIGS", "check_exercise", "check_prediction", "check_quiet", "count_params",
+    "get_gpu", "ratio_outcome", "report", "roofline", "should_see", "should_see_conclusion",
     "show_conclusions", "weight_bytes", "models_dir", "model_config", "engine_bandwidth_gb_s", "by_profile", "lesson_model", "workshop_gpu",
 ]
 
@@ -223,8 +233,8 @@ def moe_gpu_caveat(dense: str, moe: str, dense_gb_per_step: float, moe_gb_per_st
         f"{moe_gb_per_step:.1f} GB per step against {dense_gb_per_step:.1f} GB for {dense}, so on {gpu} "
         f"({gpu_bandwidth_gb_s:,.0f} GB/s) its decode ceiling is {dense_gb_per_step / moe_gb_per_step:.1f}x the dense "
         "model's. There, reading the weights is most of a step, so the bandwidth argument holds; the tiny models "
-        "here weigh a few MB, so fixed per-step costs, not the bytes they read, can set their steps, which is why "
-        "their comparison cannot show it.")
+        "here weigh megabytes (section 3 printed them beside this CPU's cache), so fixed per-step costs, not the bytes "
+        "they read, can set their steps, which is why their comparison cannot show it.")
 
 
 def conclude_moe_on_paper(dense: str, moe: str, paper: dict[str, dict[str, float]], batch: int,
@@ -360,3 +370,57 @@ def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str | None, ta
         f"{large['same size, dense_bound']}-bound) and {large[f'{dense}_ms_per_token']:.4f} ms for {dense}.")
     lines.append(f"- Published, not from this run: {PUBLISHED_MOE['claim']} ({PUBLISHED_MOE['source']}).")
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 1: what fits the workshop GPU, and the code exercise (the MoE's batch-1 ceiling)
+
+
+def fits_lines(paper: dict[str, dict[str, float]], gpu: Any) -> list[str]:
+    """Per model of ``paper_table``, whether its BF16 weights alone fit ``gpu``'s memory (the driver's figure), computed:
+    where they do not, its batch-1 ceiling is what it would reach on a GPU that holds it."""
+    lines = []
+    for name, row in paper.items():
+        need, have = row["bf16_weights_GB"], gpu.usable_memory_bytes / 1e9
+        if need <= have:
+            lines.append(f"{name}: {need:.1f} GB of BF16 weights fit the {gpu.name}'s {have:.1f} GB (the KV cache and "
+                         "activations need the rest).")
+        else:
+            lines.append(f"{name}: {need:.1f} GB of BF16 weights exceed the {gpu.name}'s {have:.1f} GB: its ceiling above "
+                         f"is what it would reach on a GPU that holds it ({need / have:.1f}x this memory).")
+    return lines
+
+
+MOE_CEILING_HINT = ("at batch 1 a decode step reads each weight it uses once: the active parameters (moe_counts.active), "
+                    "2 bytes each in BF16; the bandwidth is gpu.bandwidth_gb_s GB/s, 1e9 bytes per GB")
+
+
+def moe_ceiling_check(gpu: Any, moe: Any, dense: Any) -> Any:
+    """The check of an attendee's batch-1 decode ceiling of the MoE (``moe``: its ``ParamCounts``) on ``gpu``, in
+    tokens/s: None when it is bandwidth / (active parameters x 2 bytes), else the sentence naming the likely slip (every
+    expert read, numbers for bytes, FP32, GB for bytes, the dense model's count)."""
+    import math
+
+    bandwidth = gpu.bandwidth_gb_s * 1e9
+    right = bandwidth / (moe.active * 2)
+    slips = [
+        (bandwidth / (moe.total * 2), f"that reads all {moe.total / 1e9:.1f} B parameters, every expert: at batch 1 a "
+                                      f"token reads only its {moe.experts_per_token} experts per layer (moe_counts.active)."),
+        (bandwidth / moe.active, "that counts parameters, not bytes: each is 2 bytes in BF16."),
+        (bandwidth / (moe.active * 4), "4 bytes per parameter is FP32; the weights are BF16 here, 2 bytes."),
+        (gpu.bandwidth_gb_s / (moe.active * 2), "the bandwidth is in GB/s: multiply by 1e9 for bytes per second."),
+        (bandwidth / (dense.active * 2), "those are the dense model's parameters (dense_counts): use moe_counts."),
+    ]
+
+    def check(answer: Any) -> str | None:
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+            return f"my_moe_ceiling_tok_s must be a number of tokens per second, not {type(answer).__name__}."
+        if math.isclose(answer, right, rel_tol=1e-3):
+            return None
+        for value, why in slips:
+            if math.isclose(answer, value, rel_tol=1e-3):
+                return why
+        return (f"{answer:,.4g} tokens/s is not it: divide the bandwidth in bytes per second by the bytes one step "
+                "reads.")
+
+    return check
