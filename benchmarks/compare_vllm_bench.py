@@ -1,28 +1,25 @@
-"""Benchmark: our load generator against ``vllm bench serve`` on the same engine and workload (prints both).
+"""Benchmark: ``workshop bench`` against ``vllm bench serve`` on one local engine, pair by pair (prints figures).
 
-Usage: python benchmarks/compare_vllm_bench.py [--concurrency 1,8] [--input-len 128] [--output-len 128]
-                                                [--num-prompts 32] [--repeats 3] [--also-defaults]
-                                                [--json PATH]
+Usage: python benchmarks/compare_vllm_bench.py [--pairs 4] [--requests 64] [--concurrency 4] [--port 8790]
+                                                [--input-len 256] [--output-len 64] [--warmups 4]
+                                                [--workshop-args "--no-metrics"] [--json PATH] [--dry-run]
 
-Starts its own local engine (own port and state directory, prefix caching off) and stops it at the end.
-
-Same workload means the same requests on the wire:
-- the same prompts: our prompt factory writes them (exact server token counts), vLLM's tool reads them
-  as a ``custom`` dataset (``--skip-chat-template``: the text is sent as the user message, as ours is);
-  prefix caching is off so the tool that runs second does not find the first one's prompts cached;
-- the same options: ``ignore_eos`` without ``min_tokens`` and without per-chunk usage, as vLLM's tool
-  sends them (``Workload(min_tokens=False, usage_per_chunk=False)``). On a 2-core machine the server's
-  own work per streamed chunk takes CPU from the model, so a request that streams more chunks lowers
-  throughput: ``--also-defaults`` adds a run with our default options (``min_tokens`` keeps the model
-  writing text to the end, continuous usage stats for per-token ITL) to show what they cost.
-For each concurrency and repeat the tools run back to back, alternating which goes first; each tool
-sends the same warm-up requests first (vLLM's tool repeats the first prompt; ours is given the same).
-
-Definitions that coincide: request and output throughput (completed requests / tokens over the run's
-wall time), mean TTFT (send -> first token) and mean TPOT ((e2e - ttft) / (n_out - 1) per request, n_out
-from the server's usage). Where they differ: vLLM's ``itl`` is per chunk (one gap per streamed chunk);
-ours reports ``itl_chunk`` (same meaning) and ``itl_token`` (a chunk of k tokens spreads its gap over k
-tokens), which needs per-chunk usage, so it is only meaningful in the ``--also-defaults`` runs.
+Starts one local engine (the profile's baseline, its own port and state directory), then runs PAIRS pairs,
+each ``vllm bench serve`` then ``workshop bench`` (A/B/A/B), both as a user runs them, with the shape of
+issue 32: random prompts of ``--input-len`` tokens, ``--output-len`` output tokens (ignore_eos), ``--requests``
+requests at ``--concurrency`` (vLLM: request rate inf under ``--max-concurrency``; ours: a closed loop of that
+many users, the same thing). What is made the same, so that the figures measure the tools and not the requests:
+- the prompt length: vLLM's random dataset counts ``--input-len`` tokens before the chat template, ours counts
+  the template too, so ours is given the server's mean prompt tokens that vLLM's first run reported;
+- the sampling: vLLM's tool sends no temperature (the server's default, 1.0 for these models) and ours sends
+  0, so vLLM's is given ``--temperature 0``;
+- the cache: each vLLM run has its own ``--seed`` (its random prompts are otherwise the same every run, and the
+  second run would find the first's in the prefix cache); ours salts every run's prompts;
+- the warm-up: ``--warmups`` uncounted requests for both (vLLM's tool also sends one test request first).
+For each figure it prints ours / vLLM's per pair, their mean, the pairs' spread (half the range of the
+per-pair ratios) and "within noise" when the spread covers the difference, beside the issue's tolerance
+(5% throughput, 10% TTFT and TPOT) and the machine's kind and load (``workshop machine``). A figure, not a
+test: on a shared 2-core machine the spread is large; read the ratio with it.
 """
 
 from __future__ import annotations
@@ -30,124 +27,197 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-import pandas as pd
-
-from helpers.measure.bench_results import summarize
-from helpers.engine.session import make_engine
-from helpers.measure.loadgen import prompt_factory, run_load
-from helpers.measure.workloads import Load, Workload
-from helpers.core.settings import load_settings
-
-FIELDS = ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
-          "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
-TOLERANCE = {"request_throughput": 0.05, "output_throughput": 0.05, "mean_ttft_ms": 0.10, "mean_tpot_ms": 0.10}
+FIGURES = ("output_throughput", "request_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
+TOLERANCE = {"output_throughput": 0.05, "request_throughput": 0.05, "mean_ttft_ms": 0.10, "mean_tpot_ms": 0.10}
+WORKSHOP = [sys.executable, "-m", "helpers.cli.main"]
 
 
-def write_prompts(settings, model: str, count: int, input_len: int, path: Path) -> list[str]:
-    """``count`` unique user messages whose chat prompts are ``input_len`` tokens, as a custom-dataset JSONL."""
-    factory = prompt_factory(settings, model)
-    texts = [factory.first_turn_content(uid, input_len) for uid in range(count)]
-    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
-    return texts
+# ---------------------------------------------------------------- arithmetic (tests/test_compare_vllm_bench.py)
+
+def pair_ratios(ours: list[float | None], theirs: list[float | None]) -> list[float]:
+    """ours / vLLM's for each pair where both figures exist and vLLM's is not zero."""
+    return [a / b for a, b in zip(ours, theirs) if a is not None and b is not None and b != 0]
 
 
-def run_vllm_bench(settings, model: str, tokenizer: str, dataset: Path, concurrency: int,
-                   args: argparse.Namespace, out_dir: Path, tag: str) -> dict:
-    """One ``vllm bench serve`` run (through helpers.engine.vllm_cli) on the dataset; returns its --save-result JSON."""
-    cmd = [sys.executable, "-m", "helpers.engine.vllm_cli", "bench", "serve", "--backend", "openai-chat",
-           "--base-url", settings.root_url, "--endpoint", "/v1/chat/completions", "--model", model,
-           "--tokenizer", tokenizer, "--dataset-name", "custom", "--dataset-path", str(dataset),
-           "--skip-chat-template", "--disable-shuffle", "--custom-output-len", str(args.output_len),
-           "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(args.num_prompts),
-           "--num-warmups", str(args.warmups), "--temperature", "0", "--disable-tqdm",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", f"{tag}.json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return json.loads((out_dir / f"{tag}.json").read_text())
+def spread(ratios: list[float]) -> float | None:
+    """The pairs' spread: half the range of the per-pair ratios (None under two pairs)."""
+    return (max(ratios) - min(ratios)) / 2 if len(ratios) >= 2 else None
 
 
-def run_ours(settings, texts: list[str], concurrency: int, args: argparse.Namespace, defaults: bool) -> dict:
-    """Our generator on the same prompts in the same order (warm-ups repeat the first, as vLLM's tool does)."""
-    prompts = [[{"role": "user", "content": t}] for t in [texts[0]] * args.warmups + texts[:args.num_prompts]]
-    workload = Workload(output_len=args.output_len, prompts=prompts,
-                        min_tokens=defaults, usage_per_chunk=defaults)
-    result = run_load(settings, workload, Load(concurrency=concurrency, num_requests=args.num_prompts,
-                                               warmup_requests=args.warmups))
-    return summarize(result)
+def verdict(ratio: float | None, half_range: float | None) -> str:
+    """"within noise" when the spread covers the difference from 1, else which way ours reads, in percent."""
+    if ratio is None:
+        return "no data"
+    if half_range is not None and abs(ratio - 1) <= half_range:
+        return "within noise"
+    return f"ours {100 * (ratio - 1):+.1f}%" + (" (one pair: no spread)" if half_range is None else "")
 
 
-def comparison_table(frame: pd.DataFrame, ours: str = "ours") -> pd.DataFrame:
-    """Means over repeats of ``ours`` against vllm bench, with the issue's tolerances."""
-    means = frame.groupby(["concurrency", "tool"])[list(FIELDS)].mean()
-    rows = []
-    for concurrency in frame["concurrency"].unique():
-        mine, theirs = means.loc[(concurrency, ours)], means.loc[(concurrency, "vllm")]
-        for field in FIELDS:
-            diff = (mine[field] - theirs[field]) / theirs[field]
-            tol = TOLERANCE.get(field)
-            rows.append({"concurrency": concurrency, "metric": field, "vllm_bench": round(theirs[field], 2),
-                         ours: round(mine[field], 2), "diff_pct": round(100 * diff, 1),
-                         "within": None if tol is None else bool(abs(diff) <= tol)})
-    return pd.DataFrame(rows)
+def compare(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> list[dict[str, Any]]:
+    """One line per figure from the pairs' rows ({"pair", "tool": "vllm"|"workshop", figure: value}):
+    vLLM's and our means, the mean per-pair ratio, its spread, the verdict and the issue's tolerance."""
+    by_tool: dict[str, dict[int, dict[str, Any]]] = {"vllm": {}, "workshop": {}}
+    for row in rows:
+        by_tool[row["tool"]][row["pair"]] = row
+    pairs = sorted(set(by_tool["vllm"]) & set(by_tool["workshop"]))
+    out = []
+    for name in figures:
+        theirs = [by_tool["vllm"][p].get(name) for p in pairs]
+        ours = [by_tool["workshop"][p].get(name) for p in pairs]
+        ratios = pair_ratios(ours, theirs)
+        ratio = statistics.mean(ratios) if ratios else None
+        half = spread(ratios)
+        tol = TOLERANCE.get(name)
+        out.append({"figure": name, "pairs": len(ratios),
+                    "vllm_mean": _mean(theirs), "workshop_mean": _mean(ours), "ratio": ratio, "spread": half,
+                    "verdict": verdict(ratio, half),
+                    "within_tolerance": None if tol is None or ratio is None else abs(ratio - 1) <= tol,
+                    "tolerance": tol})
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.mean(kept) if kept else None
+
+
+def format_table(lines: list[dict[str, Any]]) -> str:
+    """The comparison as text: one row per figure."""
+    head = f"{'figure':<20} {'pairs':>5} {'vllm bench':>11} {'workshop':>10} {'ratio':>7} {'spread':>8}  verdict"
+    rows = [head]
+    for line in lines:
+        num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        tol = line["tolerance"]
+        tol_text = "" if tol is None else (f"; tolerance {tol:.0%}: "
+                                           + ("n/a" if line["within_tolerance"] is None else
+                                              "met" if line["within_tolerance"] else "NOT met"))
+        rows.append(f"{line['figure']:<20} {line['pairs']:>5} {num(line['vllm_mean'], '11.2f')} "
+                    f"{num(line['workshop_mean'], '10.2f')} {num(line['ratio'], '7.3f')} "
+                    f"{'-' if line['spread'] is None else '±' + format(line['spread'], '.3f'):>8}  "
+                    f"{line['verdict']}{tol_text}")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- the runs
+
+def vllm_command(args: argparse.Namespace, root_url: str, model: str, tokenizer: str, pair: int,
+                 out_dir: Path) -> list[str]:
+    """``vllm bench serve`` (through helpers.engine.vllm_cli, which runs it under the CPU build) for one pair."""
+    return [sys.executable, "-m", "helpers.engine.vllm_cli", "bench", "serve", "--backend", "openai-chat",
+            "--base-url", root_url, "--endpoint", "/v1/chat/completions", "--model", model, "--tokenizer", tokenizer,
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(args.requests),
+            "--request-rate", "inf", "--max-concurrency", str(args.concurrency), "--num-warmups", str(args.warmups),
+            "--temperature", "0", "--seed", str(pair), "--disable-tqdm",
+            "--save-result", "--result-dir", str(out_dir), "--result-filename", f"vllm-{pair}.json"]
+
+
+def workshop_command(args: argparse.Namespace, input_len: int, pair: int, out_dir: Path) -> list[str]:
+    """``workshop bench`` with vLLM's requests for one pair (``--workshop-args`` appended)."""
+    return [*WORKSHOP, "bench", "--concurrency", str(args.concurrency), "--input-len", str(input_len),
+            "--output-len", str(args.output_len), "--num-requests", str(args.requests), "--warmup", str(args.warmups),
+            "--vllm-bench-requests", *shlex.split(args.workshop_args), "--json", str(out_dir / f"workshop-{pair}.jsonl")]
+
+
+def run_tool(cmd: list[str], env: dict[str, str], result: Path) -> dict[str, Any]:
+    """Run one tool, return its saved figures plus the client's CPU seconds (process start included)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0 or not result.exists():
+        raise SystemExit(f"{shlex.join(cmd[:6])} ... failed ({proc.returncode}):\n{proc.stdout[-1500:]}\n"
+                         f"{proc.stderr[-1500:]}")
+    text = result.read_text().strip()
+    figures = json.loads(text.splitlines()[-1] if result.suffix == ".jsonl" else text)
+    figures["client_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return figures
+
+
+def machine_line(env: dict[str, str]) -> str:
+    """The machine's kind and how busy it is now, from ``workshop machine --json``."""
+    proc = subprocess.run([*WORKSHOP, "machine", "--json", "--sample", "2"], capture_output=True, text=True, env=env)
+    try:
+        facts = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return f"machine: unknown (workshop machine failed: {proc.stderr.strip()[-200:]})"
+    quiet = facts["quiet"]
+    return (f"machine: {facts['cpu']}, {facts['isa']}, {facts['cores']} cores; {quiet['busy_share']:.0%} busy over 2 s "
+            f"(engine idle), 1-min load {quiet['load_1m']}" + ("" if quiet["quiet"] else
+                                                               f"; NOT quiet: {'; '.join(quiet['warnings'])}"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens as the server counts them")
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--warmups", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--port", default="8797")
-    parser.add_argument("--also-defaults", action="store_true",
-                        help="also run our generator with its default request options (min_tokens, per-chunk usage)")
-    parser.add_argument("--json", default=None, help="write every run's figures here")
+    parser.add_argument("--pairs", type=int, default=4, help="vllm bench / workshop bench pairs (A/B/A/B)")
+    parser.add_argument("--requests", type=int, default=64, help="measured requests per run")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--port", default="8790", help="the engine's port (not the tests' 8765)")
+    parser.add_argument("--input-len", type=int, default=256, help="vLLM's --random-input-len (tokens)")
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--warmups", type=int, default=4)
+    parser.add_argument("--workshop-args", default="", help='more flags for workshop bench, e.g. "--no-metrics"')
+    parser.add_argument("--json", default=None, help="write every run's figures and the comparison here")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     args = parser.parse_args()
-    os.environ.update(WORKSHOP_PORT=args.port, WORKSHOP_STATE_DIR=tempfile.mkdtemp(prefix="bench-compare-"))
-    work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+    if args.pairs < 1 or args.requests < 1 or args.concurrency < 1:
+        parser.error("--pairs, --requests and --concurrency must be >= 1")
+    from helpers.core.settings import load_settings
+    from helpers.engine.session import connect, make_engine
+
+    if args.dry_run:
+        os.environ["WORKSHOP_PORT"] = args.port
+        settings = load_settings()
+        work = Path("RESULTS_DIR")
+        print(f"# starts the local engine (the profile's baseline) on port {args.port}, then for pair i = 0..{args.pairs - 1}:")
+        print(shlex.join(vllm_command(args, settings.root_url, settings.model, make_engine(settings).config().model,
+                                      0, work)).replace("--seed 0", "--seed i"))
+        print(shlex.join(workshop_command(args, args.input_len, 0, work))
+              + "   # --input-len: the server's mean prompt tokens in vLLM's first run")
+        return
+    os.environ.update(WORKSHOP_PORT=args.port, WORKSHOP_STATE_DIR=tempfile.mkdtemp(prefix="compare-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="compare-bench-out-"))
     settings = load_settings()
-    engine = make_engine(settings)
-    engine.set_flag("--no-enable-prefix-caching")  # starts it: the profile's baseline plus this flag
-    model, tokenizer = engine.model, engine.config().model
-    dataset = work / "prompts.jsonl"
-    texts = write_prompts(settings, model, args.num_prompts, args.input_len, dataset)
-    tools = ["vllm", "ours", *(["ours_defaults"] if args.also_defaults else [])]
-    rows = []
+    env = dict(os.environ)
+
+    print(machine_line(env), flush=True)
+    lab = connect(settings)
+    rows: list[dict[str, Any]] = []
+    input_len = None
     try:
-        for concurrency in [int(c) for c in args.concurrency.split(",")]:
-            for repeat in range(args.repeats):
-                order = tools if repeat % 2 == 0 else tools[::-1]
-                for tool in order:
-                    if tool == "vllm":
-                        figures = run_vllm_bench(settings, model, tokenizer, dataset, concurrency, args, work,
-                                                 f"c{concurrency}-r{repeat}")
-                    else:
-                        figures = run_ours(settings, texts, concurrency, args, defaults=tool == "ours_defaults")
-                    rows.append({"concurrency": concurrency, "repeat": repeat, "tool": tool, "first": order[0],
-                                 **{f: figures.get(f) for f in FIELDS},
-                                 "completed": figures.get("completed"), "failed": figures.get("failed"),
-                                 "total_output_tokens": figures.get("total_output_tokens"),
-                                 "client_loop_lag_max_ms": figures.get("client_loop_lag_max_ms")})
-                print(pd.DataFrame(rows[-len(tools):]).round(2).to_string(index=False), flush=True)
+        model, tokenizer = lab.model, lab.engine.config().model
+        for pair in range(args.pairs):
+            figures = run_tool(vllm_command(args, settings.root_url, model, tokenizer, pair, work), env,
+                               work / f"vllm-{pair}.json")
+            rows.append({"pair": pair, "tool": "vllm", **figures})
+            if input_len is None:
+                input_len = round(figures["total_input_tokens"] / figures["completed"])
+                print(f"vLLM's prompts are {input_len} tokens as the server counts them: ours get that", flush=True)
+            figures = run_tool(workshop_command(args, input_len, pair, work), env, work / f"workshop-{pair}.jsonl")
+            rows.append({"pair": pair, "tool": "workshop", **figures})
+            for row in rows[-2:]:
+                print(f"pair {pair} {row['tool']:<9} out {row['output_throughput']:7.1f} tok/s  "
+                      f"TTFT {row['mean_ttft_ms']:7.1f} ms  TPOT {row['mean_tpot_ms']:6.2f} ms  "
+                      f"prompt {row['total_input_tokens'] / max(1, row['completed']):.0f} tok  "
+                      f"client CPU {row['client_cpu_s']:.1f} s", flush=True)
     finally:
-        engine.stop()
-    frame = pd.DataFrame(rows)
-    table = comparison_table(frame)
-    print(f"\nmeans over {args.repeats} repeats; {args.num_prompts} prompts of {args.input_len} tokens, "
-          f"{args.output_len} output tokens; tolerance: 5% throughput, 10% mean TTFT/TPOT\n" + table.to_string(index=False))
-    if args.also_defaults:
-        print("\nour default request options (min_tokens, per-chunk usage) against vllm bench's:\n"
-              + comparison_table(frame, "ours_defaults").to_string(index=False))
+        lab.engine.stop()
+    print(machine_line(env))
+    lines = compare(rows)
+    print(f"\n{args.pairs} pairs of {args.requests} requests at concurrency {args.concurrency}, "
+          f"{args.input_len}-token random prompts, {args.output_len} output tokens; ratio = workshop / vllm bench, "
+          "mean over pairs; spread = half the range of the pairs' ratios\n" + format_table(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": rows, "comparison": table.to_dict("records"),
-                                               "args": vars(args)}, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": rows, "comparison": lines},
+                                              indent=1, default=str))
 
 
 if __name__ == "__main__":
