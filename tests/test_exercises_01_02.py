@@ -13,7 +13,7 @@ import pytest
 
 from fakes import recorded_stream
 from helpers.lessons.l01_connect import tpot_check
-from helpers.lessons.l02_memory import kv_bytes_check  # l02_kv_by_hand.py, re-exported
+from helpers.lessons.l02_memory import kv_bytes_check
 from helpers.planning.kv import kv_cache_bytes
 from helpers.planning.shape import REFERENCE_CONFIGS, load_config
 

@@ -247,6 +247,12 @@ def test_notebook_01_through_workshop_run_with_the_restart_table(room, tmp_path,
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
     assert "per million output tokens, prompts included" in text
+    # the thinking step: the baseline is the thinking model, served with the parser already (no restart); the
+    # double's pod serves tiny-agent, which does not think, and the cell says so
+    assert ("Qwen/Qwen3-4B is the workshop's thinking model and is served with --reasoning-parser qwen3 already: "
+            "no restart.") in text
+    assert "the model served as Qwen/Qwen3-4B returned no reasoning: it did not think here" in text
+    assert re.search(r"\d+ chunks with text: TTFT [\d.]+ ms", text) and "✔ TPOT from the chunks: right." in text
     assert_checks_decided(tmp_path / name)
 
 

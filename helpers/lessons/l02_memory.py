@@ -15,6 +15,7 @@ the notebook computes by hand from config.json against the planner's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure
 
 from helpers.core.models import by_profile, workshop_gpu
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
-from helpers.core.lesson import check_prediction, should_see, should_see_conclusion, show_conclusions
+from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion, show_conclusions
 from helpers.core.tables import format_tables
 from helpers.core.vllm_args import flag_value
 from helpers.lessons import plots
@@ -44,6 +45,7 @@ __all__ = [
     "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "format_tables", "plots",
     "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params", "load_config",
     "by_profile", "workshop_gpu",
+    "check_exercise", "kv_bytes_check", "KV_BYTES_HINT",
 ]
 
 # The hand count leaves out norms and biases: under 0.1% of a dense model's parameters (Qwen3-4B: 0.01%).
@@ -258,3 +260,39 @@ def conversations_outcome(before: Mapping[str, Any], after: Mapping[str, Any], c
     return outcome, (f"{was:,} -> {now:,} conversations of {conversation_tokens:,} tokens; KV cache "
                      f"{int(before['kv_cache_tokens']):,} -> {int(after['kv_cache_tokens']):,} tokens; requests of "
                      f"max_model_len at once {int(before['requests_at_max_len']):,} -> {int(after['requests_at_max_len']):,}.")
+
+
+# ---------------------------------------------------------------- the exercise: KV bytes per token by hand
+
+KV_BYTES_HINT = ("every layer keeps, for each token, one key and one value vector per KV head, each head_dim numbers "
+                 "of 2 bytes (BF16): multiply those five factors")
+
+
+def kv_bytes_check(layers: int, query_heads: int, kv_heads: int, head_dim: int,
+                   bytes_per_element: int = 2) -> Callable[[Any], str | None]:
+    """The check of an attendee's KV bytes per token for a model of this shape: None when it is
+    2 x ``layers`` x ``kv_heads`` x ``head_dim`` x ``bytes_per_element``, else the sentence naming the likely slip."""
+    right = 2 * layers * kv_heads * head_dim * bytes_per_element
+    slips = [
+        (2 * layers * query_heads * head_dim * bytes_per_element,
+         f"that uses the {query_heads} query heads: with grouped-query attention only the {kv_heads} KV heads are "
+         "cached (num_key_value_heads)."),
+        (right // 2, "that is half: a key and a value are cached for each head (x 2)."),
+        (2 * layers * kv_heads * head_dim, f"that counts numbers, not bytes: each is {bytes_per_element} bytes in BF16."),
+        (2 * layers * kv_heads * head_dim * 4, "4 bytes per number is FP32; the cache is BF16 here, 2 bytes."),
+        (2 * kv_heads * head_dim * bytes_per_element,
+         f"that is one layer's worth: each of the {layers} layers keeps its own keys and values."),
+    ]
+
+    def check(answer: Any) -> str | None:
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+            return f"kv_bytes_by_hand must be a number of bytes, not {type(answer).__name__}."
+        if answer == right:
+            return None
+        reasons = [why for value, why in slips if value != right and answer == value]
+        if reasons:  # in BF16 a missing V and a missing byte count give the same number: both are said
+            return " Or ".join(reasons)
+        return (f"{answer:,} bytes per token is not it: multiply K and V (2), the layers, the KV heads, head_dim and "
+                "the bytes per number.")
+
+    return check
