@@ -43,23 +43,23 @@ from helpers.measure.failover import SURVIVES, FailureRun, replica_failure_run
 from helpers.measure.results_file import measure_or_load
 from helpers.measure.routing import (AgentWorkload, PolicyComparison, compare_policies, conclude_affinity,
                                      conclude_later_turns, cpu_caveat, gpu_expectation)
-from helpers.measure.saturation import SweepAnalysis
+from helpers.measure.saturation import SweepAnalysis, littles_law_check
 from helpers.measure.workloads import Workload
 from helpers.planning import price_curve, token_price
 from helpers.planning.token_price import ROOFLINE_MARGIN
 
 __all__ = [
     # re-exported from the floors below (and the shared figures), for the notebook
-    "Workload", "check_exercise", "check_prediction", "check_quiet", "measure_or_load", "failover", "plots", "ratio_outcome", "report", "routing",
-    "saturation", "should_see", "should_see_conclusion", "summarize", "sweep_table", "token_price", "price_curve",
+    "Workload", "check_exercise", "check_prediction", "check_quiet", "measure_or_load", "failover", "plots",
+    "ratio_outcome", "report", "routing", "saturation", "should_see", "should_see_conclusion", "summarize",
+    "sweep_table", "token_price", "price_curve",
     # this lesson's own
-    "TPOT_FALL", "littles_law_check", "NOT_STARTED", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome", "client_lag_conclusion",
-    "control_conclusion", "failure_timeline", "faster_is_dearer", "goodput_conclusion", "gpus_needed_conclusion",
-    "knee_sentence", "lesson_replica_set", "lift_conclusion", "pareto_fold_conclusion", "price_conclusions",
-    "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions", "slo_rule",
-    "steadiness_conclusion", "waiting_if_cap", "TALK_PRICES", "price_gap", "price_gap_conclusions",
-    "PUBLISHED_BATCHING", "batching_beside_gpu", "batching_conclusion",
-    "by_profile",
+    "TPOT_FALL", "littles_law_check", "NOT_STARTED", "ScaleOutRun", "cap_conclusion", "cap_doubling_outcome",
+    "client_lag_conclusion", "control_conclusion", "failure_timeline", "faster_is_dearer", "goodput_conclusion",
+    "gpus_needed_conclusion", "knee_sentence", "lesson_replica_set", "lift_conclusion", "pareto_fold_conclusion",
+    "price_conclusions", "routing_by_policy", "run_scale_out", "saturation_caveat", "saturation_conclusions",
+    "slo_rule", "steadiness_conclusion", "waiting_if_cap", "TALK_PRICES", "price_gap", "price_gap_conclusions",
+    "PUBLISHED_BATCHING", "batching_beside_gpu", "batching_conclusion", "by_profile",
 ]
 
 
@@ -577,31 +577,3 @@ def failure_timeline(run: ScaleOutRun) -> Figure | None:
     _axes_outside_legend(ax, "request sent, s since the run started", "end-to-end latency (s)",
                          "What the client saw while a replica died")
     return fig
-
-
-# ---------------------------------------------------------------- the code exercise: Little's law
-
-def littles_law_check(throughput_req_s: float, latency_s: float, users: int):
-    """A ``check_exercise`` check of the requests in flight by Little's law, L = throughput (req/s) x latency (s): None
-    when the answer is that product, else the sentence that says what is wrong (divided, inverted, the concurrency)."""
-    right = throughput_req_s * latency_s
-
-    def close(value: float, target: float) -> bool:
-        return abs(value - target) <= 1e-6 * max(1.0, abs(target))
-
-    def check(answer: Any) -> str | None:
-        try:
-            value = float(answer)
-        except (TypeError, ValueError):
-            return f"the answer must be a number of requests, not {answer!r}."
-        if close(value, right):
-            return None
-        if latency_s and close(value, throughput_req_s / latency_s):
-            return "that divides throughput by latency: requests in flight are the two multiplied."
-        if throughput_req_s and close(value, latency_s / throughput_req_s):
-            return "that divides latency by throughput: requests in flight are the two multiplied."
-        if close(value, users):
-            return (f"{users} is the concurrency the load generator was set to; compute the requests in flight from "
-                    "the measured throughput and latency, and compare.")
-        return f"{value:.4g} is not throughput_req_s x latency_s."
-    return check

@@ -22,6 +22,7 @@ one sweep at a ``--max-num-seqs`` cap. Notebook 07's sentences about the sweeps 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -262,3 +263,27 @@ def client_lag_table(results_by_cap: dict[int, Sequence[Any]]) -> pd.DataFrame:
             rows.append({"cap": cap, "concurrency": r.load.concurrency, "client_loop_lag_p99_ms": s["client_loop_lag_p99_ms"],
                          "client_loop_lag_max_ms": s["client_loop_lag_max_ms"], "client_max_inflight": s["client_max_inflight"]})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- Little's law, checked (notebook 07's exercise)
+
+def littles_law_check(throughput_req_s: float, latency_s: float, users: int):
+    """A ``check_exercise`` check of the requests in flight by Little's law, L = throughput (req/s) x latency (s): None
+    when the answer is that product, else the sentence that says what is wrong (divided, inverted, the concurrency)."""
+    slips = [(throughput_req_s / latency_s if latency_s else None,
+              "that divides throughput by latency: requests in flight are the two multiplied."),
+             (latency_s / throughput_req_s if throughput_req_s else None,
+              "that divides latency by throughput: requests in flight are the two multiplied."),
+             (users, f"{users} is the concurrency the load generator was set to; compute the requests in flight from "
+                     "the measured throughput and latency, and compare.")]
+
+    def check(answer: Any) -> str | None:
+        try:
+            value = float(answer)
+        except (TypeError, ValueError):
+            return f"the answer must be a number of requests, not {answer!r}."
+        if math.isclose(value, throughput_req_s * latency_s, rel_tol=1e-6, abs_tol=1e-6):
+            return None
+        why = [w for target, w in slips if target is not None and math.isclose(value, target, rel_tol=1e-6, abs_tol=1e-6)]
+        return why[0] if why else f"{value:.4g} is not throughput_req_s x latency_s."
+    return check
