@@ -89,6 +89,28 @@ def test_size_check_goes_both_ways():
     seen, detail = size_check([row("bf16", 1, size=10.0), row("odd", 1, size=11.0)])
     assert seen is False and "1.10x" in detail
     assert size_check([row("bf16", 1, size=10.0), {"config": "kv-cache fp8"}])[0] is None
+    # a cluster engine's checkpoints are hub ids whose files this machine has not: a check this path cannot make
+    seen, detail = size_check([{"config": "bf16 (baseline)"}, {"config": "RedHatAI/Qwen3-4B-FP8-dynamic"}])
+    assert seen is None and "not on this machine" in detail and "no quantized checkpoint was measured" not in detail
+
+
+def test_the_map_check_agrees_disagrees_or_has_no_probe_to_agree_with():
+    import pandas as pd
+
+    from helpers.lessons.l05_quantization import map_check
+
+    def table(probe, run):
+        return pd.DataFrame([{"scheme": "FP8", "this machine (probe)": probe, "this run": run}])
+
+    assert map_check(table("yes (docs' matrix: x86 CPU)", "measured: fp8"), "cpu") == (True, "no row where they differ")
+    seen, detail = map_check(table("no: this vLLM has no 'fp8' quantization method", "measured: fp8"), "cpu")
+    assert seen is False and detail.startswith("FP8: measured: fp8 although the probe said 'no:")
+    assert map_check(table("yes (probe: AVX-512)", "fp8 skipped"), "cpu")[0] is False
+    # "not probed" is no "no": on the cluster the probe says nothing of the engine
+    not_probed = table("not probed: the engine runs on the k8s profile (see the hardware column)", "measured: fp8")
+    assert map_check(not_probed, "cpu")[0] is True
+    seen, detail = map_check(not_probed, "k8s")
+    assert seen is None and "says nothing of it" in detail
 
 
 def _startup(tokens, dtype="auto", memory=2**30, block_size=128):

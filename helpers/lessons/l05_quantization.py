@@ -6,6 +6,9 @@ notebook uses from the floors is re-exported here (``__all__``), so its cells im
 
 Speed is judged against the baseline's own run-to-run spread (the baseline is measured before and
 after the variants: ``helpers.core.comparison``); quality by the eval's McNemar test (``helpers.evals.suite``).
+Section 2's mechanism (one weight matrix quantized to FP8 and INT8 by hand) and its code exercise (the matrix's bytes
+in INT4) have their helpers in ``helpers.lessons.l05_quantize_by_hand``; the tiny model's weights beside this CPU's
+cache come from ``helpers.lessons.l04_cache_fit``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, WORSE, compare_samples
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
-from helpers.core.lesson import check_prediction, should_see, should_see_conclusion
+from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion
 from helpers.core.models import by_profile, lesson_model, lesson_models, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.evals.scorecard import size_on_disk_mb
 from helpers.hardware.machine import capability, model_feature
 from helpers.lessons import plots
+from helpers.lessons.l04_cache_fit import engine_cache_fit
+from helpers.lessons.l05_quantize_by_hand import (INT4_HINT, checkpoint_tensor_bytes, int4_bytes_check, load_weight,
+                                                  quantization_errors)
 from helpers.measure.stream_timing import stream_chat
 from helpers.planning.quant_formats import format_ladder, quantization_map
 from helpers.planning.shape import REFERENCE_CONFIGS
@@ -35,11 +41,12 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 __all__ = [  # this module's own, then what notebook 05 uses from the floors below
     "KV_DTYPE_FEATURE", "PUBLISHED_FP8", "QuantizationStudy", "chosen_kernels", "conclusions", "decode_rate_tok_s",
     "eval_delta_outcome", "fp8_beside_gpu", "fraction_outcome", "growth_outcome", "kv_check", "kv_tokens_from_log",
-    "ladder_check", "map_disagreements", "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion",
+    "ladder_check", "map_check", "map_disagreements", "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion",
     "startup_kv", "too_slow_reason",
     "REFERENCE_CONFIGS", "check_prediction", "format_ladder", "models_dir", "plots", "quantization_map", "report",
     "should_see", "should_see_conclusion", "size_on_disk_mb", "by_profile", "lesson_model", "lesson_models",
-    "workshop_gpu",
+    "workshop_gpu", "check_exercise", "engine_cache_fit",
+    "INT4_HINT", "checkpoint_tensor_bytes", "int4_bytes_check", "load_weight", "quantization_errors",  # by hand
 ]
 
 KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
@@ -170,8 +177,9 @@ def _overall(faster: list[str], slower: list[str], same: list[str], kv_grown: li
         out.append(str(Conclusion(
                    "No configuration was measurably faster than the baseline here"
                    + (f" ({', '.join(slower)} slower)" if slower else "") + "."
-                   + (" The tiny model's weights are a few MB, so a decode step can be set by fixed "
-                      "per-step costs rather than bytes read, and the CPU kernels convert quantized weights on the fly. "
+                   + (" The tiny model's weights are megabytes, not gigabytes (section 5 printed them beside this "
+                      "CPU's cache), so a decode step can be set by fixed per-step costs rather than bytes read, and "
+                      "the CPU kernels convert quantized weights on the fly. "
                       "On a GPU serving a model of billions of parameters, decode is memory-bound: fewer bytes per "
                       "weight means fewer bytes read per token, which is where the speed-up comes from (an expectation, "
                       "not measured here)." if profile == "cpu" else ""),
@@ -365,6 +373,9 @@ def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
     None when no checkpoint with a size was measured."""
     base = rows[0].get("size_on_disk_mb") if rows else None
     sized = [(r["config"], r["size_on_disk_mb"]) for r in rows[1:] if r.get("size_on_disk_mb")]
+    if len(rows) > 1 and not base:  # an engine elsewhere (gpu, k8s) reads hub ids from its own volume, not from here
+        return None, ("the checkpoints' files are not on this machine (the engine reads them from its own model "
+                      "volume), so their sizes on disk are not known here")
     if not base or not sized:
         return None, "no quantized checkpoint was measured in this run"
     detail = ", ".join(f"{name} {mb:.1f} MB ({mb / base:.2f}x)" for name, mb in sized)
@@ -485,6 +496,16 @@ def ladder_check(ladder: pd.DataFrame, fmt: str = "int4") -> tuple[bool, str]:
                                   f"({bits:.2f}/16 = {bits / 16:.2f}x for the linear layers alone)")
 
 
+def map_check(table: pd.DataFrame, profile: str) -> tuple[bool | None, str]:
+    """The map's check: (the probe and the run agree, the rows where they do not); None on a profile whose engine runs
+    elsewhere (gpu, k8s), where this machine's probe says nothing of the engine's."""
+    if profile != "cpu":
+        return None, (f"the engine runs on the {profile} profile, elsewhere: this machine's probe says nothing of it, "
+                      "so there is nothing to agree with")
+    disagree = map_disagreements(table)
+    return not disagree, "; ".join(disagree) or "no row where they differ"
+
+
 def map_disagreements(table: pd.DataFrame) -> list[str]:
     """Rows where the probe and this run disagree: measured although the probe said no, or skipped although
     it said yes (the docs or the probe are then out of date for this machine). A configuration served but too slow
@@ -492,7 +513,7 @@ def map_disagreements(table: pd.DataFrame) -> list[str]:
     out = []
     for _, r in table.iterrows():
         probe, run = str(r["this machine (probe)"]), str(r["this run"])
-        if probe.startswith("no") and run.startswith("measured"):
+        if probe.startswith("no:") and run.startswith("measured"):
             out.append(f"{r['scheme']}: {run} although the probe said '{probe}'")
         elif probe.startswith("yes") and any(part.endswith("skipped") for part in run.split("; ")):
             out.append(f"{r['scheme']}: {run} although the probe said yes")
