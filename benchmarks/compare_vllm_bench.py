@@ -15,7 +15,9 @@ many users, the same thing). What is made the same, so that the figures measure 
   0, so vLLM's is given ``--temperature 0``;
 - the cache: each vLLM run has its own ``--seed`` (its random prompts are otherwise the same every run, and the
   second run would find the first's in the prefix cache); ours salts every run's prompts;
-- the warm-up: ``--warmups`` uncounted requests for both (vLLM's tool also sends one test request first).
+- the warm-up: ``--warmups`` uncounted requests for both (vLLM's tool also sends one test request first);
+- the definitions: ``workshop bench`` takes vLLM's e2el, TPOT and ITL (helpers/measure/bench_results.py); vLLM's
+  tool writes e2el only when asked (``--percentile-metrics ... e2el``).
 For each figure it prints ours / vLLM's per pair, their mean, the pairs' spread (half the range of the
 per-pair ratios) and "within noise" when the spread covers the difference, beside the issue's tolerance
 (5% throughput, 10% TTFT and TPOT) and the machine's kind and load (``workshop machine``). A figure, not a
@@ -117,7 +119,7 @@ def vllm_command(args: argparse.Namespace, root_url: str, model: str, tokenizer:
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(args.requests),
             "--request-rate", "inf", "--max-concurrency", str(args.concurrency), "--num-warmups", str(args.warmups),
-            "--temperature", "0", "--seed", str(pair), "--disable-tqdm",
+            "--temperature", "0", "--seed", str(pair), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--result-dir", str(out_dir), "--result-filename", f"vllm-{pair}.json"]
 
 
@@ -125,7 +127,8 @@ def workshop_command(args: argparse.Namespace, input_len: int, pair: int, out_di
     """``workshop bench`` with vLLM's requests for one pair (``--workshop-args`` appended)."""
     return [*WORKSHOP, "bench", "--concurrency", str(args.concurrency), "--input-len", str(input_len),
             "--output-len", str(args.output_len), "--num-requests", str(args.requests), "--warmup", str(args.warmups),
-            "--vllm-bench-requests", *shlex.split(args.workshop_args), "--json", str(out_dir / f"workshop-{pair}.jsonl")]
+            "--vllm-bench-requests", *shlex.split(args.workshop_args),
+            "--json", str(out_dir / f"workshop-{pair}.jsonl")]
 
 
 def run_tool(cmd: list[str], env: dict[str, str], result: Path) -> dict[str, Any]:
@@ -177,7 +180,8 @@ def main() -> None:
         os.environ["WORKSHOP_PORT"] = args.port
         settings = load_settings()
         work = Path("RESULTS_DIR")
-        print(f"# starts the local engine (the profile's baseline) on port {args.port}, then for pair i = 0..{args.pairs - 1}:")
+        print(f"# starts the local engine (the profile's baseline) on port {args.port}, "
+              f"then for pair i = 0..{args.pairs - 1}:")
         print(shlex.join(vllm_command(args, settings.root_url, settings.model, make_engine(settings).config().model,
                                       0, work)).replace("--seed 0", "--seed i"))
         print(shlex.join(workshop_command(args, args.input_len, 0, work))

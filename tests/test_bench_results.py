@@ -95,9 +95,9 @@ def test_tpot_and_e2el_end_at_the_last_chunk_with_choices_as_vllm_bench_serve_do
     included), TPOT = (latency - ttft) / (tokens - 1); the end of the stream ([DONE]) is not the end."""
     run = synthetic_run()
     a, b, c = run.requests[:3]
-    a.t_last_chunk = 0.40  # A's finish chunk, 100 ms after its last token, carries no text
-    b.t_last_chunk = 0.45  # B's finish rides on its last token chunk
-    c.t_last_chunk = 0.70
+    a.choice_times = [0.01, 0.10, 0.20, 0.30, 0.40]  # role chunk, tokens, a finish chunk 100 ms later, no text
+    b.choice_times = [0.06, 0.25, 0.45]  # B's finish rides on its last token chunk
+    c.choice_times = [0.11, 0.4, 0.5, 0.6, 0.7]
     s = summarize(run)
     # TPOT: A (400 - 100) / 3 = 100 (ours from its tokens would be 200/3), B 200 / 1, C 300 / 3
     assert s["mean_tpot_ms"] == pytest.approx((100 + 200 + 100) / 3)
@@ -105,6 +105,10 @@ def test_tpot_and_e2el_end_at_the_last_chunk_with_choices_as_vllm_bench_serve_do
     assert s["mean_e2el_ms"] == pytest.approx((400 + 400 + 600) / 3)
     assert s["median_e2el_including_client_queue_ms"] == pytest.approx(450)  # B waited 50 ms in the client
     assert list(requests_frame(run)["tpot_ms"][:3]) == pytest.approx([100, 200, 100])
+    # ITL: every gap between chunks with choices, the role chunk's and A's finish chunk's included
+    gaps_ms = [90, 100, 100, 100] + [190, 200] + [290, 100, 100, 100]
+    assert s["mean_itl_ms"] == pytest.approx(sum(gaps_ms) / len(gaps_ms))
+    assert s["mean_itl_per_token_ms"] == pytest.approx(100)  # ours, over token chunks, unchanged
     # goodput judges the same TPOT: A now meets a 120 ms TPOT SLO, B does not
     assert summarize(run, slos={"tpot_ms": 120})["good_requests"] == 2
 

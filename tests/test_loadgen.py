@@ -82,11 +82,16 @@ def test_a_request_ends_at_its_last_chunk_with_choices_as_in_vllm_bench_serve(ma
     summary = summarize(result)
     for r in result.requests:
         # the fake finishes on the last token's chunk; the usage-only chunk and [DONE] come 10 ms later
-        assert r.t_last_chunk == r.timing.chunk_times[-1] < r.timing.t_done
-    latencies = [r.t_last_chunk - r.timing.t_sent for r in result.requests]
+        assert r.choice_times[-1] == r.timing.chunk_times[-1] < r.timing.t_done
+    latencies = [r.choice_times[-1] - r.timing.t_sent for r in result.requests]
     tpots = [(e - r.timing.ttft_s) / 9 for e, r in zip(latencies, result.requests)]
     assert summary["mean_e2el_ms"] == pytest.approx(1000 * statistics.mean(latencies))
     assert summary["mean_tpot_ms"] == pytest.approx(1000 * statistics.mean(tpots))
+    # ITL as vLLM's: the role-only chunk counts as a chunk, so each request has one gap more than token chunks
+    for r in result.requests:
+        assert len(r.choice_times) == len(r.timing.chunk_times) + 1 and r.choice_times[0] < r.timing.t_first_token
+    gaps = [b - a for r in result.requests for a, b in zip(r.choice_times, r.choice_times[1:])]
+    assert summary["mean_itl_ms"] == pytest.approx(1000 * statistics.mean(gaps))
 
 
 def test_reasoning_tokens_count_for_ttft_but_not_ttfot(make_fake):

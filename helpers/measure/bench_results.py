@@ -12,8 +12,9 @@ percentile naming (``p{int(p)}_<metric>_ms``, numpy's linear interpolation). Whe
   ``tpot`` and ``e2el`` are vLLM's (issue 32): the request's ``latency`` is send -> the last chunk with
   ``choices`` (the finish chunk included, the usage-only chunk and ``[DONE]`` not), and
   TPOT = (latency - ttft)/(tokens - 1) per request, tokens from the server's usage
-  (``vllm_latency_s``, ``vllm_tpot_s``). ``itl``: gaps between token-carrying chunks, pooled (vLLM
-  pools the gaps between all chunks with ``choices``: its role-only and finish chunks add a gap each).
+  (``vllm_latency_s``, ``vllm_tpot_s``). ``itl`` is vLLM's too: the gaps between consecutive chunks with
+  ``choices`` (role-only and finish chunks and chunks of empty text included), pooled over the requests
+  (``vllm_itl_s``); ``itl_per_token`` stays ours, over token-carrying chunks.
 - A statistic over no values is None (vLLM writes 0: the "median TTFT of 0" trap).
 - Our own fields, under their own names: ``*_ttfot_ms`` (first visible content), ``*_itl_per_token_ms``
   (each chunk gap spread over its tokens), ``mean_tokens_per_chunk``, ``max_tokens_per_chunk``,
@@ -96,9 +97,9 @@ def vllm_latency_s(record: RequestRecord) -> float | None:
     (one not streamed by the load generator) keeps send -> end of stream.
     """
     t = record.timing
-    if record.t_last_chunk is None:
+    if not record.choice_times:
         return t.e2e_s
-    return record.t_last_chunk - t.t_sent
+    return record.choice_times[-1] - t.t_sent
 
 
 def vllm_tpot_s(record: RequestRecord) -> float | None:
@@ -108,12 +109,24 @@ def vllm_tpot_s(record: RequestRecord) -> float | None:
     issue 32: the time after the first token, finish chunk included, over the tokens after the first.
     """
     t = record.timing
-    if record.t_last_chunk is None:
+    if not record.choice_times:
         return t.tpot_s
     latency, ttft = vllm_latency_s(record), t.ttft_s
     if latency is None or ttft is None or t.completion_tokens < 2:
         return None
     return (latency - ttft) / (t.completion_tokens - 1)
+
+
+def vllm_itl_s(record: RequestRecord) -> list[float]:
+    """vllm bench serve's ITL samples in seconds: the gaps between consecutive chunks with ``choices``.
+
+    vllm/benchmarks/lib/endpoint_request_func.py (``output.itl.append(timestamp - most_recent_timestamp)`` for
+    every chunk with choices after the first), adopted for issue 32; a record without those arrivals keeps the
+    gaps between token-carrying chunks.
+    """
+    if not record.choice_times:
+        return record.timing.itl_chunk_s
+    return [b - a for a, b in zip(record.choice_times, record.choice_times[1:])]
 
 
 def _vllm_value(record: RequestRecord, attr: str) -> float | None:
@@ -230,7 +243,7 @@ def summarize(result: LoadResult, slos: dict[str, float] | None = None,
     }
     out.update(latency_stats("ttft", [t.ttft_s for t in timings], percentiles))
     out.update(latency_stats("tpot", tpots, percentiles))
-    out.update(latency_stats("itl", [g for t in timings for g in t.itl_chunk_s], percentiles))
+    out.update(latency_stats("itl", [g for r in done for g in vllm_itl_s(r)], percentiles))
     out.update(latency_stats("e2el", latencies, percentiles))
     out.update(latency_stats("client_queue_time", [t.client_queue_s for t in timings], percentiles))
     out.update(latency_stats("e2el_including_client_queue",

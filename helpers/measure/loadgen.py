@@ -63,10 +63,10 @@ class RequestRecord:
     turn: int = 1
     warmup: bool = False
     cancelled: bool = False  # still in flight when the run was interrupted
-    # Arrival of the last chunk that had ``choices`` (the finish chunk included, the usage-only chunk not):
-    # where vllm bench serve ends a request (its ``latency``, vllm/benchmarks/lib/endpoint_request_func.py,
-    # async_request_openai_chat_completions), which its e2el and TPOT use; None when not streamed by _LoadRun.
-    t_last_chunk: float | None = None
+    # Arrivals of the chunks with ``choices`` (role-only and finish chunks too, not the usage-only one), as vllm
+    # bench serve times a stream (vllm/benchmarks/lib/endpoint_request_func.py): its ITL is their gaps, its
+    # latency (e2el, TPOT) ends at the last (helpers.measure.bench_results). Empty in a replay.
+    choice_times: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -222,7 +222,7 @@ class _LoadRun:
                             timing.error = f"server error in stream: {message}"
                             return
                         if _record_chunk(timing, chunk, now):
-                            rec.t_last_chunk = now
+                            rec.choice_times.append(now)
                     if done:
                         break
             if not done and timing.error is None:
