@@ -42,3 +42,9 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
     assert re.search(r"API gpt-4\.1-mini: 0\.4 in, 0\.1 cached, 1\.6 out USD per 1M tokens \(OpenAI API pricing", text)
     assert "engine: 0.067 USD/h (Google Cloud Compute Engine VM pricing" in text
     assert "- Cached input: " in text and re.search(r"- Break-even: .* busy [\d,]+% of the day", text)
+    # one request's life: the server's phases from its own histograms, set against the client's chunks
+    assert re.search(r"What you should see: the first chunk arrives just after the server's prefill ends\n  [✔✘] .*: the "
+                     r"server spent [\d,.]+ ms queued and in prefill of the client's [\d,.]+ ms TTFT; the first chunk "
+                     r"arrived -?[\d,.]+ ms after the prefill ended", text), text[-3000:]
+    # Go deeper: one agent run traced down to vLLM's spans, read back from a local Phoenix (CI installs it)
+    assert "The viewer ran at http://127.0.0.1:" in text or "Not run: Arize Phoenix (the trace store) is not installed" in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,6 +38,8 @@ from helpers.engine.interface import resolve_model
 from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
+from helpers.measure.request_life import RequestLife, alignment, from_rows, from_stream, plot_request_life
+from helpers.measure.server_metrics import MetricsError, scrape, window
 from helpers.measure.stream_timing import StreamTiming, stream_chat, time_lengths
 from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, profile_hourly_price
 from helpers.planning.cost import (api_cost_cached_usd, api_cost_usd, api_usd_per_million_output_tokens,
@@ -53,12 +56,13 @@ __all__ = [
     "STALL_FACTOR", "conclude_stream", "conclude_context_growth", "cpu_gpu_caveat", "conclude_rent_vs_own",
     "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "engine_price", "rent_vs_own_costs",
     "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES", "tpot_check", "TPOT_HINT",
-    "REASONING_PARSER", "thinking_model_served", "conclude_thinking",
+    "REASONING_PARSER", "thinking_model_served", "conclude_thinking", "one_request_life", "conclude_request_life",
+    "trace_agent_run",
     # from the floors below, for the notebook
     "Conclusion", "report", "check_exercise", "check_prediction", "should_see", "should_see_conclusion",
     "show_conclusions", "steps", "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat",
     "time_lengths", "api_cost_usd", "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS",
-    "call_tool", "api_price", "by_profile", "lesson_model",
+    "call_tool", "api_price", "by_profile", "lesson_model", "plot_request_life",
 ]
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
@@ -390,3 +394,77 @@ def conclude_thinking(run: AgentRun, model: str) -> Conclusion:
              f"they do not match the question {run.question!r}, and the answer follows from them")
     return Conclusion(f"{thought}, then called {call['name']}({arguments}); the arguments are the model's own: {where}.",
                       SHOWN, expectation)
+
+
+# ---------------------------------------------------------------- one request's life, and one agent run's trace
+
+def one_request_life(lab: Lab, messages: list[dict[str, Any]], max_tokens: int = 32,
+                     wait_s: float = 1.0) -> tuple[StreamTiming, RequestLife | None, str]:
+    """One streamed request with the server's metrics read around it: its timing, its life for the picture
+    (``helpers.measure.request_life``), or None with the sentence why when the server cannot tell one request's
+    phases (no metrics here, or another request finished in the same window). The metrics are polled up to ``wait_s``:
+    vLLM observes a request's histograms as it finishes."""
+    try:
+        before = scrape(lab.settings.metrics_url, model=lab.model)
+    except MetricsError as err:
+        timing = stream_chat(lab.client, lab.model, messages, max_tokens=max_tokens)
+        return timing, None, f"the server's metrics cannot be read here ({err}), so only the client's side is known"
+    timing = stream_chat(lab.client, lab.model, messages, max_tokens=max_tokens)
+    deadline = time.monotonic() + wait_s
+    while True:
+        served = window(before, scrape(lab.settings.metrics_url, model=lab.model))
+        if served.get("queue_time_count") or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    finished = served.get("queue_time_count") or 0
+    if finished != 1 or not timing.ok:
+        why = timing.error or f"{finished:.0f} requests finished in the window (another client is using the engine)"
+        return timing, None, f"no single request's phases to draw: {why}"
+    return timing, from_stream(timing, served), ""
+
+
+def conclude_request_life(life: RequestLife) -> Conclusion:
+    """The server's account of one request set against the client's: its prefill should end just before the first
+    chunk arrives (the first token's way out), and queue + prefill should be most of the client's TTFT."""
+    a = alignment(life)
+    gap, server, ttft = a["first_chunk_after_prefill_ms"], a["queue_plus_prefill_ms"], a["client_ttft_ms"]
+    expectation = "the first chunk arrives just after the server's prefill ends"
+    if gap is None or server is None or ttft is None:
+        return Conclusion("the server reported no queue or prefill time for this request: nothing to set against the "
+                          "client's clock.", "", expectation)
+    text = (f"the server spent {server:,.1f} ms queued and in prefill of the client's {ttft:,.1f} ms TTFT; the first "
+            f"chunk arrived {gap:,.1f} ms after the prefill ended (detokenizing and sending it)")
+    # -1 ms: the server's durations and the client's clock are read apart, each rounded; a negative gap beyond that
+    # would mean the server's phases do not fit the client's clock
+    return Conclusion(text + ".", SHOWN if gap >= -1.0 else NOT_SHOWN, expectation)
+
+
+def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestLife | None, str]:
+    """One agent run traced from its steps down to vLLM's own request spans, read back from a local Arize Phoenix: the
+    timeline (for ``plot_request_life``) and the viewer's address; (None, why) when it cannot run here. Tracing is a
+    restart (``--otlp-traces-endpoint``), and the engine goes back to its configuration after, whatever happened."""
+    from helpers.engine.trace_store import INSTALL_PHOENIX, TraceStore, phoenix_executable, with_tracing
+    from helpers.measure.tracing import LLM_REQUEST, AgentTracer, phoenix_spans, timeline, wait_for_spans
+
+    if not run:
+        return None, ("Not run (RUN_GO_DEEPER is False): tracing restarts the engine. On a cluster the spans go to "
+                      "the OTLP endpoint your instructor gives (opened with `workshop provision --egress-allow`).")
+    if not lab.engine.reconfigurable:
+        return None, f"{lab.settings.base_url} is run elsewhere: its tracing flag is set where it runs."
+    if phoenix_executable() is None:
+        return None, f"Not run: {INSTALL_PHOENIX}."
+    before = lab.engine.config()
+    with TraceStore() as store:
+        print(f"Phoenix, the trace viewer, is at {store.url}; the engine restarts to send it one span per request "
+              "(--otlp-traces-endpoint), and once more after the run to go back")
+        lab.engine.apply(with_tracing(before, store.otlp_endpoint))
+        try:
+            tracer = AgentTracer(store.otlp_endpoint)
+            traced = run_agent(lab, question, tracer=tracer)
+            tracer.shutdown()
+            spans = wait_for_spans(lambda: phoenix_spans(store.url, tracer.last_trace_id),
+                                   lambda found: sum(s["name"] == LLM_REQUEST for s in found) >= len(traced.steps), 60)
+        finally:
+            lab.engine.apply(before)
+        rows = timeline(spans)
+    return from_rows(rows, notes=(f"trace {tracer.last_trace_id} as Phoenix stored it ({len(spans)} spans)",)), store.url
