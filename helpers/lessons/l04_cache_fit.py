@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from helpers.core.conclusion import Conclusion
+from helpers.core.settings import models_dir
+from helpers.planning.shape import REFERENCE_CONFIGS
 
 SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 BYTES_PER_WEIGHT = 2  # BF16, as the CPU profile serves the tiny models
@@ -32,6 +34,19 @@ class Cache:
     @property
     def label(self) -> str:
         return f"L{self.level}"
+
+
+def model_config(name: str) -> Path:
+    """Where ``name``'s config.json is read from here: a shipped model's directory, else the published config of a hub
+    id (``helpers/data/configs/<name after the slash>.json``: the notebook pod has no copy of the room's weights)."""
+    shipped = models_dir() / name
+    if "/" not in name and shipped.is_dir():
+        return shipped
+    published = REFERENCE_CONFIGS / f"{name.rsplit('/', 1)[-1]}.json"
+    if published.is_file():
+        return published
+    raise FileNotFoundError(f"no config for {name!r}: neither a model shipped in models/ nor a published config in "
+                            f"{REFERENCE_CONFIGS} (add its config.json there to measure it)")
 
 
 def served_weight_bytes(model_dir: Path | str) -> int:
@@ -96,8 +111,6 @@ def conclude_cache_fit(sizes: Mapping[str, int], cache: Cache | None) -> Conclus
 def engine_cache_fit(lab: Any, models: Sequence[str | None]) -> Conclusion:
     """``conclude_cache_fit`` for the models of ``models`` (None: not served here, left out) where the engine runs on
     this machine's CPU (the cpu profile); on a GPU, the sentence that its weights are read from the GPU's memory."""
-    from helpers.lessons.l04_moe import model_config
-
     sizes = {m: served_weight_bytes(model_config(m)) for m in models if m}
     if lab.settings.profile == "cpu":
         return conclude_cache_fit(sizes, last_level_cache())

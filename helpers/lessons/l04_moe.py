@@ -16,7 +16,6 @@ attendee). The thinking step is ``helpers.lessons.l04_thinking``; the tiny model
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -29,7 +28,8 @@ from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome
                                  show_conclusions)
 from helpers.hardware.gpus import get_gpu
 from helpers.hardware.machine import check_quiet
-from helpers.lessons.l04_cache_fit import conclude_cache_fit, engine_cache_fit, last_level_cache, served_weight_bytes
+from helpers.lessons.l04_cache_fit import (conclude_cache_fit, engine_cache_fit, last_level_cache, model_config,
+                                           served_weight_bytes)
 from helpers.lessons.l04_thinking import (api_price, conclude_thinking_cost, engine_price, measure_thinking,
                                           per_token_outcome, thinking_example, thinking_model_served, thinking_table)
 from helpers.planning import roofline
@@ -77,19 +77,6 @@ def engine_bandwidth_gb_s(lab: Lab, measured_here_gb_s: float, gpu: Any) -> floa
     print(f"the engine runs on {gpu.name}: its roofline uses the datasheet's {gpu.bandwidth_gb_s:,.0f} GB/s, not this "
           "machine's")
     return gpu.bandwidth_gb_s
-
-
-def model_config(name: str) -> Path:
-    """Where ``name``'s config.json is read from here: a shipped model's directory, else the published config of a hub
-    id (``helpers/data/configs/<name after the slash>.json``: the notebook pod has no copy of the room's weights)."""
-    shipped = models_dir() / name
-    if "/" not in name and shipped.is_dir():
-        return shipped
-    published = REFERENCE_CONFIGS / f"{name.rsplit('/', 1)[-1]}.json"
-    if published.is_file():
-        return published
-    raise FileNotFoundError(f"no config for {name!r}: neither a model shipped in models/ nor a published config in "
-                            f"{REFERENCE_CONFIGS} (add its config.json there to measure it)")
 
 
 def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input_len: int, output_len: int,
