@@ -273,16 +273,28 @@ def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
 
 
 def test_notebook_04_on_the_cluster_path(room, tmp_path, monkeypatch):
-    # the dense model and the MoE by role: the room's hub ids (the MoE is downloaded here: components/with-moe)
+    # the dense model and the MoE by role: the room's hub ids (the MoE is downloaded here: components/with-moe); the
+    # thinking model is the baseline itself (no restart), served here by tiny-agent, which does not think
     text = _run(room, "04_dense_vs_moe.ipynb", tmp_path, monkeypatch,
-                {"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2})
+                {"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2,
+                 "THINKING_QUESTIONS": ["What's the weather in Paris?", "What is 17 times 23?"], "THINKING_ROUNDS": 1})
     assert "Qwen/Qwen3-30B-A3B" in text and "Traceback" not in text
+    assert ("Qwen/Qwen3-4B is the workshop's thinking model and is served with --reasoning-parser qwen3 already: "
+            "no restart.") in text
+    assert re.search(r"thinking costs output tokens and decode time.*\n  ✘ not seen in this run: No reasoning came back: "
+                     r"with thinking on, Qwen/Qwen3-4B, 2 questions x 1 round", text)
+    assert "The engine runs on a GPU (k8s profile)" in text
+    assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (2, 2)  # the MoE and back; thinking needs none
 
 
 def test_notebook_05_on_the_cluster_path(room, tmp_path, monkeypatch):
-    # the FP8 checkpoint the room downloads; the INT8 and 4-bit roles the room lacks are skipped with their sentence
+    # the FP8 checkpoint the room downloads; the INT8 and 4-bit roles the room lacks are skipped with their sentence;
+    # the online step is Go deeper (RUN_GO_DEEPER is off on k8s): three restarts, all on the core path
     text = _run(room, "05_quantization.ipynb", tmp_path, monkeypatch, {"CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
-    assert "the room downloads no" in text
+    assert "the room downloads no" in text and "Traceback" not in text
+    assert re.search(r"int8, per channel: relative error \d+\.\d+%", text)  # section 2 by hand, in the notebook pod
+    assert "sizes on disk are not known here" in text and "The engine runs on a GPU (k8s profile)" in text
+    assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (3, 3)
 
 
 def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):
