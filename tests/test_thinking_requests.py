@@ -110,6 +110,14 @@ def _stream(thinking=None, **kwargs):
     return run
 
 
+def _thinking_cost(thinking):
+    def run(lab):
+        from helpers.lessons.l04_thinking import ask
+
+        ask(lab, "What is 2+3?", thinking, 64)
+    return run
+
+
 def _time_lengths(lab):
     from helpers.measure.stream_timing import time_lengths
 
@@ -129,6 +137,8 @@ CHAT_PATHS = {
     "timed stream (stream_chat), thinking=True": (_stream(True), True, 8),
     "timed stream (stream_chat) with its own extra_body": (_stream(extra_body={"ignore_eos": True}), False, 8),
     "streams by length (time_lengths, notebook 03)": (_time_lengths, False, 4),
+    "thinking's cost (l04_thinking.ask, notebook 04), off": (_thinking_cost(False), False, 64),
+    "thinking's cost (l04_thinking.ask, notebook 04), on": (_thinking_cost(True), True, 64),
 }
 
 
