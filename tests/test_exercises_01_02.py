@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from fakes import recorded_stream
+from notebook_cells import run_cells as run, tagged, with_answer
 from helpers.lessons.l01_connect import tpot_check
 from helpers.lessons.l02_memory import kv_bytes_check
 from helpers.planning.kv import kv_cache_bytes
@@ -19,34 +19,6 @@ from helpers.planning.shape import REFERENCE_CONFIGS, load_config
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NB01, NB02 = NOTEBOOKS / "01_connect_and_first_agent.ipynb", NOTEBOOKS / "02_units_and_memory_budget.ipynb"
-
-
-def tagged(path: Path, tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(path, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
-
-
-def run(*sources: str, **names) -> dict:
-    """The cells' sources run in turn in one fresh namespace holding ``names``, as a notebook runs them."""
-    namespace = dict(names)
-    for source in sources:
-        exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the notebook's own cells
-    return namespace
-
-
-def with_answer(source: str, name: str, answer: str) -> str:
-    """The exercise cell with the learner's ``None`` replaced by ``answer``."""
-    changed, n = re.subn(rf"^{name} = None\b", f"{name} = {answer}", source, flags=re.M)
-    assert n == 1, f"the exercise cell sets {name} = None once"
-    return changed
-
-
-@pytest.mark.parametrize("path", [NB01, NB02], ids=["01", "02"])
-def test_the_solution_is_collapsed_and_follows_its_exercise(path):
-    cells = nbformat.read(path, as_version=4).cells
-    exercise = next(i for i, c in enumerate(cells) if "exercise" in c.metadata.get("tags", []))
-    solution = cells[exercise + 1]
-    assert "solution" in solution.metadata.get("tags", []) and solution.metadata["jupyter"]["source_hidden"] is True
 
 
 # ---------------------------------------------------------------- 01: TPOT from the chunk times

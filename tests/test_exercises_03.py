@@ -9,6 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_cells
 from helpers.lab.notebooks import NOTEBOOK_DIR
 from helpers.lessons.l03 import batching
 from helpers.lessons.l03.exercises import BLOCKS_HINT, blocks_check, blocks_needed
@@ -18,8 +19,7 @@ NOTEBOOK = NOTEBOOK_DIR / "03_prefill_decode_kv_cache.ipynb"
 
 
 def tagged(tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
+    return notebook_cells.tagged(NOTEBOOK, tag)
 
 
 def _stream(prompt: int, output: int, start: float) -> StreamTiming:

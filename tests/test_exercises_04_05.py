@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
+from notebook_cells import run_cells as run, tagged, with_answer
 from helpers.core.settings import models_dir
 from helpers.hardware.gpus import get_gpu
 from helpers.lessons.l04_moe import REFERENCE_CONFIGS, count_params, paper_table
@@ -19,32 +19,6 @@ from helpers.lessons.l05_quantize_by_hand import checkpoint_tensor_bytes, int4_b
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NB04, NB05 = NOTEBOOKS / "04_dense_vs_moe.ipynb", NOTEBOOKS / "05_quantization.ipynb"
-
-
-def tagged(path: Path, tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(path, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
-
-
-def run(source: str, **names) -> dict:
-    namespace = dict(names)
-    exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the notebook's own cell
-    return namespace
-
-
-def with_answer(source: str, name: str, answer: str) -> str:
-    """The exercise cell with the learner's ``None`` replaced by ``answer``."""
-    changed, n = re.subn(rf"^{name} = None\b", f"{name} = {answer}", source, flags=re.M)
-    assert n == 1, f"the exercise cell sets {name} = None once"
-    return changed
-
-
-@pytest.mark.parametrize("path", [NB04, NB05], ids=["04", "05"])
-def test_the_solution_is_collapsed_and_follows_its_exercise(path):
-    cells = nbformat.read(path, as_version=4).cells
-    exercise = next(i for i, c in enumerate(cells) if "exercise" in c.metadata.get("tags", []))
-    solution = cells[exercise + 1]
-    assert "solution" in solution.metadata.get("tags", []) and solution.metadata["jupyter"]["source_hidden"] is True
 
 
 # ---------------------------------------------------------------- 04: the MoE's batch-1 decode ceiling

@@ -8,6 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
+import notebook_cells
 from helpers.lab.notebooks import NOTEBOOK_DIR
 
 NB06 = NOTEBOOK_DIR / "06_speculative_decoding.ipynb"
@@ -15,14 +16,11 @@ NB07 = NOTEBOOK_DIR / "07_saturation.ipynb"
 
 
 def tagged(notebook, tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(notebook, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
+    return notebook_cells.tagged(notebook, tag)
 
 
 def run(source: str, **names) -> dict:
-    namespace = dict(names)
-    exec(compile(source, "exercise", "exec"), namespace)  # noqa: S102 - the shipped cells
-    return namespace
+    return notebook_cells.run_cells(source, **names)
 
 
 def answered(source: str, name: str, answer: str) -> str:

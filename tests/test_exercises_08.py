@@ -8,6 +8,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+import notebook_cells
 from helpers.lab.notebooks import NOTEBOOK_DIR
 from helpers.lessons import l08_tuning as l08
 
@@ -15,8 +16,7 @@ NOTEBOOK = NOTEBOOK_DIR / "08_tuning_and_evaluation.ipynb"
 
 
 def tagged(tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
+    return notebook_cells.tagged(NOTEBOOK, tag)
 
 
 def run(source: str, **names) -> dict:

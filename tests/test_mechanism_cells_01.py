@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import nbformat
 import pytest
 
 from fakes import RecordingEngine, ToolCall, reply
+import notebook_cells
 from helpers.core.vllm_args import EngineConfig
 from helpers.engine.session import Lab
 from helpers.evals.agent import run_agent
@@ -33,7 +33,7 @@ MODEL = "tiny-agent"
 
 
 def mechanism_cells() -> list[str]:
-    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if "mechanism" in c.metadata.get("tags", [])]
+    cells = [c.source for c in notebook_cells.tagged_cells(NOTEBOOK, "mechanism")]
     assert len(cells) == 2, "notebook 01 writes out two mechanisms: the streaming timer and the agent loop"
     return cells
 
@@ -45,9 +45,7 @@ def cell(start: str) -> str:
 
 
 def run_cell(source: str, **names) -> dict:
-    namespace = dict(names)
-    exec(compile(source, str(NOTEBOOK), "exec"), namespace)  # noqa: S102 - the notebook's own cell
-    return namespace
+    return notebook_cells.run_cells(source, **names)
 
 
 def test_the_mechanism_cells_import_no_helper_that_does_their_work():

@@ -13,9 +13,9 @@ import threading
 import time
 from dataclasses import replace
 
-import nbformat
 import pytest
 
+import notebook_cells
 from helpers.core.settings import models_dir
 from helpers.lab.notebooks import NOTEBOOK_DIR
 from helpers.lessons.l03 import attention, prefix_hash
@@ -25,7 +25,7 @@ NOTEBOOK = NOTEBOOK_DIR / "03_prefill_decode_kv_cache.ipynb"
 
 
 def mechanism_cells() -> list[str]:
-    return [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if "mechanism" in c.metadata.get("tags", [])]
+    return [c.source for c in notebook_cells.tagged_cells(NOTEBOOK, "mechanism")]
 
 
 def cell(marker: str) -> str:
@@ -34,9 +34,7 @@ def cell(marker: str) -> str:
 
 
 def run_cell(source: str, **names) -> dict:
-    namespace = dict(names)
-    exec(compile(source, "03 mechanism cell", "exec"), namespace)  # noqa: S102 - the shipped cell
-    return namespace
+    return notebook_cells.run_cells(source, **names)
 
 
 @pytest.fixture(scope="module")

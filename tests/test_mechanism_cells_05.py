@@ -11,6 +11,7 @@ import nbformat
 import pytest
 import torch
 
+import notebook_cells
 from helpers.core.settings import models_dir
 from helpers.lessons import l05_quantize_by_hand as q
 
@@ -19,8 +20,7 @@ LAYER = "model.layers.0.mlp.down_proj"
 
 
 def tagged(tag: str) -> nbformat.NotebookNode:
-    [cell] = [c for c in nbformat.read(NB05, as_version=4).cells if tag in c.metadata.get("tags", [])]
-    return cell
+    return notebook_cells.tagged(NB05, tag)
 
 
 def run_cell(W: torch.Tensor) -> dict:

@@ -5,10 +5,10 @@ with the helper on two inputs, one of them an edge case (p == q; a = 0 and a = 1
 
 from __future__ import annotations
 
-import nbformat
 import numpy as np
 import pytest
 
+import notebook_cells
 from helpers.lab.notebooks import NOTEBOOK_DIR
 from helpers.lessons.l06 import sampling
 from helpers.planning.acceptance import expected_accepted_length
@@ -17,14 +17,12 @@ NOTEBOOK = NOTEBOOK_DIR / "06_speculative_decoding.ipynb"
 
 
 def mechanism_cells() -> list[str]:
-    return [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if "mechanism" in c.metadata.get("tags", [])]
+    return [c.source for c in notebook_cells.tagged_cells(NOTEBOOK, "mechanism")]
 
 
 def run_cell(defines: str, **names) -> dict:
     [source] = [s for s in mechanism_cells() if f"def {defines}(" in s]
-    namespace = dict(names)
-    exec(compile(source, f"06 mechanism {defines}", "exec"), namespace)  # noqa: S102 - the shipped cell
-    return namespace
+    return notebook_cells.run_cells(source, **names)
 
 
 def test_each_mechanism_cell_is_10_to_25_lines_and_imports_no_helper():

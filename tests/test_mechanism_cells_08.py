@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import nbformat
 import pandas as pd
 import pytest
 
+import notebook_cells
 from helpers.core.settings import load_settings
 from helpers.core.vllm_args import EngineConfig, flag_value
 from helpers.engine.interface import Engine, EngineStartError
@@ -24,8 +24,7 @@ BASELINE_ARGS = ("--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 
 
 
 def mechanism_source() -> str:
-    [cell] = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if "mechanism" in c.metadata.get("tags", [])]
-    return cell.source
+    return notebook_cells.tagged(NOTEBOOK, "mechanism").source
 
 
 class FakeEngine(Engine):

@@ -134,3 +134,18 @@ def test_every_make_target_a_notebook_names_is_in_the_makefile(path):
     text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
     named = set(re.findall(r"`make ([A-Za-z][\w-]*)", text))
     assert named <= targets, f"{path.name}: no Makefile target {sorted(named - targets)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_code_exercise_is_followed_by_its_collapsed_worked_solution(path):
+    cells = nbformat.read(path, as_version=4).cells
+    tags = [c.metadata.get("tags", []) for c in cells]
+    for i, cell_tags in enumerate(tags):
+        if "exercise" in cell_tags:
+            assert i + 1 < len(cells) and "solution" in tags[i + 1], f"{path.name}: cell {i}'s exercise has no solution after it"
+            assert cells[i + 1].metadata.get("jupyter", {}).get("source_hidden") is True, \
+                f"{path.name}: cell {i + 1}'s solution is not collapsed (metadata jupyter.source_hidden)"
+        if "solution" in cell_tags:
+            assert i and "exercise" in tags[i - 1], f"{path.name}: cell {i}'s solution follows no exercise"
+    if path.name != "start_here.ipynb":  # issue 27: at least one code exercise per workshop notebook
+        assert any("exercise" in t for t in tags), f"{path.name}: no code exercise (a cell tagged 'exercise')"
