@@ -96,19 +96,6 @@ def test_the_notebook_pods_contract_and_a_flag_change_as_a_recreate_rollout(name
     assert [r["began"] for r in records] == sorted(r["began"] for r in records)
 
 
-def _group(pgid: int) -> list[int]:
-    """The live processes of a process group."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
 def test_a_pod_stopped_before_it_serves_or_that_exits_is_a_start_that_was_not_ready(tmp_path, monkeypatch):
     """No real engine: the pod's container is the stand-in (stopped before its 1.5 s are up) or a process that exits."""
     real = _real_kubectl()
@@ -118,7 +105,7 @@ def test_a_pod_stopped_before_it_serves_or_that_exits_is_a_start_that_was_not_re
     slow = tmp_path / "slow"
     double.create(slow, rendered, PORT, models_dir(), real, vllm_command=[sys.executable, str(HERE / "fake_serve.py")])
     pgid, deadline = double._read(slow)["pod"]["pid"], time.monotonic() + 60
-    while len(_group(pgid)) < 2 and time.monotonic() < deadline:  # until the launcher has spawned the container
+    while len(double.group_members(pgid)) < 2 and time.monotonic() < deadline:  # until the launcher has spawned the container
         time.sleep(0.05)
     double.shutdown(slow)  # well before the stand-in serves (1.5 s after it began)
     crash = tmp_path / "crash"

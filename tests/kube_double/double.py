@@ -316,16 +316,22 @@ def launch(spec_file: Path) -> int:
     return 0
 
 
-def _group_alive(pgid: int) -> bool:
-    """Is any process of this process group still running (zombies do not count)?"""
+def group_members(pgid: int) -> list[int]:
+    """The live processes of a process group (zombies do not count)."""
+    out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _group_alive(pgid: int) -> bool:
+    """Is any process of this process group still running?"""
+    return bool(group_members(pgid))
 
 
 def _stop_pod(state: dict[str, Any]) -> None:
