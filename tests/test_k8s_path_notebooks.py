@@ -206,7 +206,7 @@ def quick_parameters(name: str, overrides: dict) -> dict:
     return {**{k: cpu[k] for k in sorted(sized) if k in cpu}, **overrides}
 
 
-def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) -> str:
+def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict, allow: dict | None = None) -> str:
     """Run one notebook on the k8s path at quick parameters with its own restart log; its printed text. The engine
     is back on the provisioned configuration afterwards (a notebook leaves no flag changed)."""
     log = tmp_path / "restarts.jsonl"
@@ -225,7 +225,7 @@ def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict) ->
     assert (left.served_name, flags(left.args)) == provisioned, (
         f"{name} left the engine on {' '.join(left.args)}, not the provisioned {' '.join(room.baseline[4:])}")
     assert _generates(lab)
-    assert_checks_decided(run.output)  # no should-see check skipped for lack of data (tests/should_see_checks.py)
+    assert_checks_decided(run.output, allow)  # no should-see check skipped for lack of data (tests/should_see_checks.py)
     return text
 
 
@@ -300,7 +300,8 @@ def test_notebook_05_on_the_cluster_path(room, tmp_path, monkeypatch):
 def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):
     # the draft by its hub id (Qwen/Qwen3-0.6B -> tiny-draft in the pod); Go deeper finds no instructor's file here
     text = _run(room, "06_speculative_decoding.ipynb", tmp_path, monkeypatch,
-                {"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2})
+                {"K_VALUES": [1, 3], "CONCURRENCIES": [1, 4], "REQUESTS_PER_STREAM": 2},
+                {"E / (1 + k c) predicts the measured speed-up": "two requests per stream: a draft may propose nothing"})
     assert "Qwen/Qwen3-0.6B" in text
     assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (2, 2)  # the aligned draft and back; Go deeper none
     assert text.count("Not run (RUN_GO_DEEPER is False): No results file") == 2
@@ -314,7 +315,7 @@ def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
     small = re.search(r"- \[shown\] With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
     assert small and int(small.group(1)) <= 4, text[-3000:]
     assert "kustomize component k8s/components/router" in text  # the skip sentence names the cluster's way
-    assert "Not run (RUN_GO_DEEPER is False): No results file" in text and RESTART_ROWS[-1].total == 3
+    assert "Replicas not started: RUN_GO_DEEPER is False" in text and RESTART_ROWS[-1].core <= 3
 
 
 def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):
@@ -329,7 +330,8 @@ def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):
                              "2026-12-01 09:00 UTC"), tmp_path / "results")
     monkeypatch.setenv("WORKSHOP_RESULTS_DIR", str(tmp_path / "results"))
     text = _run(room, "08_tuning_and_evaluation.ipynb", tmp_path, monkeypatch,
-                {"CONCURRENCIES": [1, 8], "REPEATS": 1, "STRUCTURED_TASKS": 4, "STRUCTURED_ROUNDS": 2})
+                {"CONCURRENCIES": [1, 8], "REPEATS": 1, "STRUCTURED_TASKS": 4, "STRUCTURED_ROUNDS": 2},
+                {"the baseline's repeated runs agree within 10%": "REPEATS 1 keeps the suite's time; the local path has it too"})
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
     assert [d[0] for d in decisions] == ["--gpu-memory-utilization"], text[-3000:]  # the core path's one candidate
     # the manifest exercise went through kubectl diff, apply and rollout status (the double), not set_flag

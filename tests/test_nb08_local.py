@@ -17,7 +17,8 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     # one candidate on the core path (the profile's memory knob, through the mechanism cell's loop) and one in Go
     # deeper's search (tune_one_flag_at_a_time): each costs a restart, a measurement and an eval; structured output at
     # the fewest tasks and rounds that still pair tasks and judge a spread
-    run = run_local("08_tuning_and_evaluation.ipynb", tmp_path,
+    run = run_local("08_tuning_and_evaluation.ipynb", tmp_path, allow_lack_of_data={
+                        "the baseline's repeated runs agree within 10%": "REPEATS 1 keeps the suite's time"},
                     parameters={"CONCURRENCIES": [1, 8], "NUM_REQUESTS": 16, "REPEATS": 1, "CORE_CANDIDATES": ["MEMORY"],
                                 "SEARCH_CANDIDATES": [["--kv-cache-dtype", "fp8"]], "STRUCTURED_TASKS": 4,
                                 "STRUCTURED_ROUNDS": 2})
