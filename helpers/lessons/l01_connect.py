@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -39,7 +38,7 @@ from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.measure.request_life import RequestLife, alignment, from_rows, from_stream, plot_request_life
-from helpers.measure.server_metrics import MetricsError, scrape, window
+from helpers.measure.server_metrics import MetricsError, scrape, window_until_finished
 from helpers.measure.stream_timing import StreamTiming, stream_chat, time_lengths
 from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, profile_hourly_price
 from helpers.planning.cost import (api_cost_cached_usd, api_cost_usd, api_usd_per_million_output_tokens,
@@ -410,12 +409,7 @@ def one_request_life(lab: Lab, messages: list[dict[str, Any]], max_tokens: int =
         timing = stream_chat(lab.client, lab.model, messages, max_tokens=max_tokens)
         return timing, None, f"the server's metrics cannot be read here ({err}), so only the client's side is known"
     timing = stream_chat(lab.client, lab.model, messages, max_tokens=max_tokens)
-    deadline = time.monotonic() + wait_s
-    while True:
-        served = window(before, scrape(lab.settings.metrics_url, model=lab.model))
-        if served.get("queue_time_count") or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
+    served = window_until_finished(lab.settings.metrics_url, before, model=lab.model, wait_s=wait_s)
     finished = served.get("queue_time_count") or 0
     if finished != 1 or not timing.ok:
         why = timing.error or f"{finished:.0f} requests finished in the window (another client is using the engine)"

@@ -287,6 +287,18 @@ def window(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any]:
     return out
 
 
+
+def window_until_finished(url: str, before: MetricsSnapshot, model: str | None = None,
+                          wait_s: float = 1.0) -> dict[str, Any]:
+    """``window(before, now)`` once a request has finished since ``before`` (its histograms are observed as it
+    finishes: polled every 20 ms up to ``wait_s``); the last window read when none finished by then."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        served = window(before, scrape(url, model=model))
+        if served.get("queue_time_count") or time.monotonic() > deadline:
+            return served
+        time.sleep(0.02)
+
 def prefix_cache_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot | None = None) -> float | None:
     """Hit rate in tokens: d(hits)/d(queries) between two snapshots, or since start with one."""
     return (window(before, after) if after is not None else normalized(before))["prefix_cache_hit_rate"]

@@ -105,14 +105,10 @@ def _ids(client: Any) -> list[int] | None:
 def _queue_time_of_one(metrics_url: str, model: str, before: Any, wait_s: float = 1.0) -> float | None:
     """The server's queue time (s) of the one request finished since ``before`` (polled up to ``wait_s``: the
     histogram is observed as the request finishes); None when none or several finished meanwhile."""
-    from helpers.measure.server_metrics import scrape, window
+    from helpers.measure.server_metrics import window_until_finished
 
-    deadline = time.monotonic() + wait_s
-    while True:
-        served = window(before, scrape(metrics_url, model=model))
-        if served["queue_time_count"] or time.monotonic() > deadline:
-            return served["queue_time_mean_s"] if served["queue_time_count"] == 1 else None
-        time.sleep(0.02)
+    served = window_until_finished(metrics_url, before, model=model, wait_s=wait_s)
+    return served["queue_time_mean_s"] if served["queue_time_count"] == 1 else None
 
 
 def _token_times(timing: StreamTiming) -> list[float]:
