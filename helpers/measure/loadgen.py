@@ -575,9 +575,10 @@ def run_sync(make_coro: Callable[[], Awaitable[T]], poll_s: float = 0.1) -> T:
     thread = threading.Thread(target=target, name="loadgen", daemon=True)
     thread.start()
     cancelled = False
-    while not finished.is_set():
+    while True:  # every call inside the try: a Ctrl-C between the check and the wait would escape it
         try:
-            finished.wait(poll_s)
+            if finished.wait(poll_s):
+                break
         except KeyboardInterrupt:
             if cancelled:
                 raise
