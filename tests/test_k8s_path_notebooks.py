@@ -191,6 +191,16 @@ def test_a_model_the_room_did_not_download_is_refused_before_any_restart(room):
 # ---------------------------------------------------------------- the notebooks on the k8s path
 
 RESTART_ROWS: list[RestartRow] = []
+# Each notebook's restart log and executed copy, kept after the run for `workshop course-time --restarts build/k8s-path
+# --write` (helpers/lab/course_time.py reads NAME.restarts.jsonl beside NAME.ipynb, as `workshop run --out` writes them)
+KEPT = REPO_ROOT / "build" / "k8s-path"
+
+
+def keep_for_course_time(out_dir: Path, stem: str) -> None:
+    KEPT.mkdir(parents=True, exist_ok=True)
+    log = out_dir / f"{stem}.restarts.jsonl"
+    (KEPT / log.name).write_text(log.read_text() if log.is_file() else "")  # no log: no restart
+    shutil.copyfile(out_dir / f"{stem}.ipynb", KEPT / f"{stem}.ipynb")
 
 
 WORKSHOP_BRANCHES = {"RUN_GO_DEEPER"}  # as the workshop's profile has them: the branches the workshop takes
@@ -209,9 +219,10 @@ def quick_parameters(name: str, overrides: dict) -> dict:
 def _run(room: Room, name: str, tmp_path: Path, monkeypatch, overrides: dict, allow: dict | None = None) -> str:
     """Run one notebook on the k8s path at quick parameters with its own restart log; its printed text. The engine
     is back on the provisioned configuration afterwards (a notebook leaves no flag changed)."""
-    log = tmp_path / "restarts.jsonl"
+    log = tmp_path / f"{Path(name).stem}.restarts.jsonl"
     monkeypatch.setenv(RESTART_LOG_ENV, str(log))
     run = run_notebook(NOTEBOOKS / name, tmp_path, parameters=quick_parameters(name, overrides))
+    keep_for_course_time(tmp_path, Path(name).stem)
     row = restart_row(run.output, log)
     RESTART_ROWS.append(replace(row, notebook=f"{row.notebook} ({run.seconds:.0f} s here)"))
     print("\n" + "\n".join(restart_table(RESTART_ROWS)))
@@ -237,6 +248,7 @@ def test_notebook_01_through_workshop_run_with_the_restart_table(room, tmp_path,
     monkeypatch.setenv(RESTART_LOG_ENV, "")  # workshop run sets its own per notebook; put back afterwards
     pairs = [arg for k, v in quick_parameters(name, {"STREAM_MAX_TOKENS": 32}).items() for arg in ("-p", f"{k}={v}")]
     assert main(["run", str(NOTEBOOKS / name), "--out", str(tmp_path), *pairs]) == 0
+    keep_for_course_time(tmp_path, Path(name).stem)
     out = capsys.readouterr().out
     table = out[out.index("Engine restarts (rollouts):"):].splitlines()
     assert table[1].split()[:3] == ["notebook", "core", "all"] and "GPU start-up per restart" in table[-1]
