@@ -8,11 +8,16 @@ The model is always the one the settings name (``MODEL_NAME``), never another on
 serve: a local engine serving another model is restarted on it, a name the local engine cannot serve is
 refused naming the shipped models, and a remote endpoint that does not serve it is refused naming the
 models it serves.
+
+``thinking_model_served`` serves the lessons' thinking model (``helpers.core.models``, role "thinking") with vLLM's
+reasoning parser for a block, and gives the engine's configuration back after it (notebooks 01 and 04).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -21,7 +26,9 @@ import openai
 from helpers.engine.interface import Engine, EngineError, ExternalEngine, list_models, resolve_model
 from helpers.engine.local import LocalEngine
 from helpers.engine.replicas import ReplicaSet, replica_set_for
+from helpers.core.models import lesson_model, missing_reason
 from helpers.core.settings import Settings, load_settings
+from helpers.core.vllm_args import flag_value, with_flag
 from helpers.core.errors import WorkshopError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -143,3 +150,40 @@ def engine_summary(settings: Settings | None = None) -> tuple[dict[str, Any], st
                        "its first cell starts it (about a minute on a laptop CPU).")
     return shown, (f"The endpoint {settings.base_url} is not ready ({status.get('problem', 'no answer')}): check "
                    "VLLM_HOST, your network or port-forward, and that the engine is running.")
+
+
+# ---------------------------------------------------------------- the thinking model, for a block
+
+REASONING_PARSER = "qwen3"  # vLLM's parser for Qwen3's <think>...</think> (k8s/base/vllm.yaml, the gpu profile)
+
+
+@contextmanager
+def thinking_model_served(lab: Lab) -> Iterator[str]:
+    """Serve the lesson's thinking model (``lesson_model("thinking")``) with ``--reasoning-parser qwen3`` for the block,
+    and give its name. No restart where the engine serves it so already (the gpu and k8s profiles: the baseline
+    itself); one on the cpu profile (tiny-qwen3), and one back to the configuration the engine had, whatever happened.
+    An endpoint run elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
+    model = lesson_model("thinking", lab.settings)
+    if model is None:
+        print(missing_reason("thinking", lab.settings))
+        yield lab.model
+        return
+    before = lab.engine.config()
+    if before.served_name == model and flag_value(before.args, "--reasoning-parser") == REASONING_PARSER:
+        print(f"{model} is the workshop's thinking model and is served with --reasoning-parser {REASONING_PARSER} "
+              "already: no restart.")
+        yield model
+        return
+    if not lab.engine.reconfigurable:
+        print(f"{lab.settings.base_url} is run elsewhere, so its model and flags are set where it runs: this step "
+              f"asks {lab.model} to think (the thinking model here would be {model}).")
+        yield lab.model
+        return
+    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER}: one restart now, and "
+          f"one back to {before.served_name} after this cell")
+    lab.engine.apply(replace(before, model=resolve_model(model, lab.settings.profile), served_name=model,
+                             args=with_flag(before.args, "--reasoning-parser", REASONING_PARSER)))
+    try:
+        yield model
+    finally:
+        lab.engine.apply(before)

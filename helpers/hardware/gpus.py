@@ -204,6 +204,17 @@ def profile_hourly_price(profile: str) -> HourlyPrice:
     return hourly_price("2-vCPU VM" if profile == "cpu" else "H100 SXM")
 
 
+def engine_price(profile: str, hourly_usd: float | None = None) -> tuple[float, str]:
+    """(USD per hour, its source) for this engine: ``hourly_usd`` when given, else the dated table's row for the
+    profile (``profile_hourly_price``: a 2-vCPU VM on "cpu", one H100 SXM otherwise)."""
+    if hourly_usd is not None:
+        if hourly_usd <= 0:
+            raise ValueError(f"HOURLY_USD must be a positive price in USD per hour, got {hourly_usd}")
+        return float(hourly_usd), "your HOURLY_USD parameter"
+    row = profile_hourly_price(profile)
+    return row.usd_per_hour, f"{row.source} ({row.date}); set HOURLY_USD to what you pay"
+
+
 @dataclass(frozen=True)
 class ApiPrice:
     """A hosted API's list price in USD per million tokens: fresh input, cached input (a prompt prefix the API

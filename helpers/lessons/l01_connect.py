@@ -10,9 +10,9 @@ dated table (``helpers.hardware.gpus``: an API's input, cached-input and output 
 ``not_cost_table`` / ``runtimes_table`` name what decides besides the price and where other runtimes fit.
 ``length_outcome`` and ``tool_tax_outcome`` turn the exercises' measurements into one of ``LENGTH_CHOICES`` /
 ``TOOL_TAX_CHOICES``; ``tpot_check`` checks the TPOT the attendee writes from a run's chunk times and says what is
-wrong. ``thinking_model_served`` serves the lesson's thinking model for a block (no restart where the engine serves it
-already, the engine's configuration back after it) and ``conclude_thinking`` judges one thinking turn: its reasoning
-apart from the content, next to its tool call, the arguments shown as they came. The rest of what the notebook
+wrong. ``conclude_thinking`` judges one thinking turn (the thinking model served for the block by
+``helpers.engine.session.thinking_model_served``): its reasoning apart from the content, next to its tool call, the
+arguments shown as they came. The rest of what the notebook
 calls comes from the floors and is re-exported here (``__all__``), so the notebook imports from this module
 and ``helpers.engine.session`` alone.
 """
@@ -21,26 +21,23 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from helpers.core.models import by_profile, lesson_model, missing_reason
+from helpers.core.models import by_profile, lesson_model
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
 from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
                                  show_conclusions)
 from helpers.core.progress import steps
-from helpers.core.vllm_args import flag_value, with_flag
-from helpers.engine.interface import resolve_model
+from helpers.engine.session import REASONING_PARSER, thinking_model_served
 from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
 from helpers.measure.request_life import RequestLife, alignment, from_rows, from_stream, plot_request_life
 from helpers.measure.server_metrics import MetricsError, scrape, window_until_finished
 from helpers.measure.stream_timing import StreamTiming, stream_chat, time_lengths
-from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, profile_hourly_price
+from helpers.hardware.gpus import API_CACHE_MIN_PREFIX_TOKENS, ApiPrice, api_price, engine_price
 from helpers.planning.cost import (api_cost_cached_usd, api_cost_usd, api_usd_per_million_output_tokens,
                                    break_even_utilization, cached_prefix_tokens, own_usd_per_million_output_tokens)
 from helpers.tiny.tools import TOOLS, call_tool
@@ -53,15 +50,16 @@ if TYPE_CHECKING:
 __all__ = [
     # this notebook's own
     "STALL_FACTOR", "conclude_stream", "conclude_context_growth", "cpu_gpu_caveat", "conclude_rent_vs_own",
-    "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "engine_price", "rent_vs_own_costs",
+    "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "rent_vs_own_costs",
     "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES", "tpot_check", "TPOT_HINT",
-    "REASONING_PARSER", "thinking_model_served", "conclude_thinking", "one_request_life", "conclude_request_life",
+    "conclude_thinking", "one_request_life", "conclude_request_life",
     "trace_agent_run",
     # from the floors below, for the notebook
     "Conclusion", "report", "check_exercise", "check_prediction", "should_see", "should_see_conclusion",
     "show_conclusions", "steps", "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat",
     "time_lengths", "api_cost_usd", "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS",
-    "call_tool", "api_price", "by_profile", "lesson_model", "plot_request_life",
+    "call_tool", "api_price", "engine_price", "REASONING_PARSER", "thinking_model_served", "by_profile",
+    "lesson_model", "plot_request_life",
 ]
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
@@ -143,16 +141,6 @@ def conclude_rent_vs_own(api_usd_per_m_output: float, own_usd_per_m_output: floa
                              "more streams at once, a lower hourly price, or a faster machine.")
     return [verdict, Conclusion(cpu_gpu_caveat(profile))]
 
-
-def engine_price(profile: str, hourly_usd: float | None = None) -> tuple[float, str]:
-    """(USD per hour, its source) for this engine: ``hourly_usd`` when given, else the dated table's row for the
-    profile (helpers/hardware/gpus.py: a 2-vCPU VM on "cpu", one H100 SXM otherwise)."""
-    if hourly_usd is not None:
-        if hourly_usd <= 0:
-            raise ValueError(f"HOURLY_USD must be a positive price in USD per hour, got {hourly_usd}")
-        return float(hourly_usd), "your HOURLY_USD parameter"
-    row = profile_hourly_price(profile)
-    return row.usd_per_hour, f"{row.source} ({row.date}); set HOURLY_USD to what you pay"
 
 
 def rent_vs_own_costs(prompt_tokens: list[int], completion_tokens: list[int], busy_s: float, api: ApiPrice,
@@ -325,41 +313,6 @@ def tpot_check(timing: StreamTiming) -> Callable[[Any], str | None]:
 
 
 # ---------------------------------------------------------------- the workshop model thinks
-
-REASONING_PARSER = "qwen3"  # vLLM's parser for Qwen3's <think>...</think> (k8s/base/vllm.yaml, the gpu profile)
-
-
-@contextmanager
-def thinking_model_served(lab: Lab) -> Iterator[str]:
-    """Serve the lesson's thinking model (``lesson_model("thinking")``) with ``--reasoning-parser qwen3`` for the block,
-    and give its name. No restart where the engine serves it so already (the gpu and k8s profiles: the baseline
-    itself); one on the cpu profile (tiny-qwen3), and one back to the configuration the engine had, whatever happened.
-    An endpoint run elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
-    model = lesson_model("thinking", lab.settings)
-    if model is None:
-        print(missing_reason("thinking", lab.settings))
-        yield lab.model
-        return
-    before = lab.engine.config()
-    if before.served_name == model and flag_value(before.args, "--reasoning-parser") == REASONING_PARSER:
-        print(f"{model} is the workshop's thinking model and is served with --reasoning-parser {REASONING_PARSER} "
-              "already: no restart.")
-        yield model
-        return
-    if not lab.engine.reconfigurable:
-        print(f"{lab.settings.base_url} is run elsewhere, so its model and flags are set where it runs: this step "
-              f"asks {lab.model} to think (the thinking model here would be {model}).")
-        yield lab.model
-        return
-    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER}: one restart now, and "
-          f"one back to {before.served_name} after this cell")
-    lab.engine.apply(replace(before, model=resolve_model(model, lab.settings.profile), served_name=model,
-                             args=with_flag(before.args, "--reasoning-parser", REASONING_PARSER)))
-    try:
-        yield model
-    finally:
-        lab.engine.apply(before)
-
 
 def _in_question(arguments: Any, question: str) -> bool:
     """True when every text value of a tool call's arguments appears in the question (case ignored)."""

@@ -10,7 +10,7 @@ the client's whole latency, prefill included, where the server exposes no metric
 prices both modes from the dated table (an API's output price, this engine's hourly price) and judges the decode
 time against the rounds' spread; a model that returned no reasoning (a model without a thinking mode, or an engine
 serving without a reasoning parser) is said so, never priced as if it had thought. The thinking model is served by
-notebook 01's ``thinking_model_served`` (no restart where the engine serves it already, the configuration back after).
+``helpers.engine.session.thinking_model_served`` (no restart where the engine serves it already, the configuration back after).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, 
 from helpers.core.lesson import ratio_outcome
 from helpers.core.thinking import thinking_body
 from helpers.evals.agent import reasoning_of
-from helpers.hardware.gpus import ApiPrice, api_price
-from helpers.lessons.l01_connect import engine_price, thinking_model_served
+from helpers.engine.session import thinking_model_served
+from helpers.hardware.gpus import ApiPrice, api_price, engine_price
 from helpers.tiny.tools import TOOLS
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
