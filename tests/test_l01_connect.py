@@ -195,6 +195,18 @@ def test_an_endpoint_run_elsewhere_is_asked_as_it_is(capsys):
     assert lab.engine.applied == [] and "set where it runs" in capsys.readouterr().out
 
 
+def test_tracing_on_the_cluster_says_where_spans_go_and_restarts_nothing():
+    from helpers.lessons.l01_connect import trace_agent_run
+
+    baseline = EngineConfig("Qwen/Qwen3-4B", "Qwen/Qwen3-4B", TOOL_FLAGS)
+    lab = _lab(K8S, baseline)  # a Kubernetes engine: reconfigurable, but in a pod of its own
+    life, why = trace_agent_run(lab, "What's the weather in Paris?")
+    assert life is None and lab.engine.applied == []  # no flag pointed at the notebook pod's 127.0.0.1
+    assert "OTLP endpoint your instructor runs" in why and "Tracing on the cluster" in why
+    life, why = trace_agent_run(lab, "What's the weather in Paris?", run=False)
+    assert life is None and "RUN_GO_DEEPER is False" in why
+
+
 def _thought(reasoning=None, calls=(), content=None, finish="stop", question="What's the weather in Paris?"):
     step = AgentStep(1, 0.1, 400, 60, tool_calls=list(calls), content=content, reasoning=reasoning,
                      reasoning_tokens=40 if reasoning else None, finish_reason=finish)

@@ -395,9 +395,13 @@ def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestL
 
     if not run:
         return None, ("Not run (RUN_GO_DEEPER is False): tracing restarts the engine. On a cluster the spans go to "
-                      "the OTLP endpoint your instructor gives (opened with `workshop provision --egress-allow`).")
+                      "the OTLP endpoint your instructor gives (k8s/README.md, \"Tracing on the cluster\").")
     if not lab.engine.reconfigurable:
         return None, f"{lab.settings.base_url} is run elsewhere: its tracing flag is set where it runs."
+    if lab.settings.profile == "k8s":  # the engine pod's 127.0.0.1 is not this notebook pod's
+        return None, ("Not run on the cluster: your engine runs in its own pod and cannot send its spans to a viewer on "
+                      "this notebook's 127.0.0.1. There they go to an OTLP endpoint your instructor runs and opens to "
+                      "the engines (k8s/README.md, \"Tracing on the cluster\").")
     if phoenix_executable() is None:
         return None, f"Not run: {INSTALL_PHOENIX}."
     before = lab.engine.config()
