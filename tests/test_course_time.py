@@ -59,6 +59,25 @@ def test_a_notebook_without_go_deeper_is_all_core_and_a_heading_inside_a_cell_is
         ct.course_time("09_x", nb, None, None)
 
 
+@pytest.mark.parametrize("source, only", [
+    ("run = run_agent(lab, QUESTION)\nplots.token_timeline(run.timing);", True),
+    ("print(f\"{a / b:.1f}x\")\nshould_see(\"faster\", a > b)\n%matplotlib inline", True),  # shown, not worked
+    ("check_prediction(MY_PREDICTION, \"x\" if late else \"y\")\nshift = -1", True),
+    ("ratio = a / b", False), ("total += 1", False), ("if late:\n    print(1)", False),
+    ("rows = [r for r in runs]", False), ("for r in runs:\n    show(r)", False), ("x = a if b else c", False),
+    ("print(f'{x'", False),  # does not parse: counted as work
+])
+def test_a_helper_only_cell_has_no_arithmetic_branch_or_loop_outside_what_it_shows(source, only):
+    assert ct.only_helper_calls(source) is only
+
+
+def test_helper_only_cells_leave_the_parameters_cell_out():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("N = 2 * 3", metadata={"tags": ["parameters"]}),
+                                         nbformat.v4.new_code_cell("lab = connect()"),
+                                         nbformat.v4.new_code_cell("x = N * 2"), nbformat.v4.new_markdown_cell("# a")])
+    assert ct.helper_only_cells(nb) == (1, 2)
+
+
 def test_cell_seconds_follow_the_injected_parameters_cell_and_flag_cells_of_an_older_notebook():
     nb = synthetic()
     record = cells_record("tests/test_nb09_local.py::t", "# Parameters injected by `workshop run`\nN = 1",

@@ -14,6 +14,7 @@ notebooks, records and texts it is given; the caller reads the machine and the c
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -72,6 +73,43 @@ def core_cells(nb: nbformat.NotebookNode) -> list[bool]:
             deeper = False
         out.append(not deeper)
     return out
+
+
+# ---------------------------------------------------------------- code cells that only call a helper
+
+SHOWN_CALLS = ("print", "should_see", "check_prediction")  # issue 27: what these are given is not counted
+_WORK = (ast.BinOp, ast.AugAssign, ast.UnaryOp, ast.If, ast.IfExp, ast.Match, ast.For, ast.AsyncFor, ast.While,
+         ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)  # arithmetic, a branch, a loop
+
+
+def _called_name(node: ast.Call) -> str:
+    return node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+
+
+def only_helper_calls(source: str) -> bool:
+    """Is a code cell only a helper call: no arithmetic, branch or loop (``_WORK``) outside the arguments of
+    ``SHOWN_CALLS`` (issue 27's measure)? IPython's ``%`` and ``!`` lines are left out; a cell Python cannot parse
+    counts as doing work."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Call) and _called_name(node) in SHOWN_CALLS:
+            continue
+        if isinstance(node, _WORK) and not (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant)):
+            return False
+        todo.extend(ast.iter_child_nodes(node))
+    return True
+
+
+def helper_only_cells(nb: nbformat.NotebookNode) -> tuple[int, int]:
+    """(code cells that are only a helper call, code cells), the parameters cell left out of both."""
+    code = [c for c in nb.cells if c.cell_type == "code" and "parameters" not in c.get("metadata", {}).get("tags", [])]
+    return sum(only_helper_calls(c.source) for c in code), len(code)
 
 
 @dataclass(frozen=True)
@@ -192,6 +230,8 @@ class CourseTime:
     known_min: float
     within: bool | None
     run: dict[str, str] | None  # the test, when and with which parameters the CPU run was recorded
+    helper_only: int = 0  # code cells that are only a helper call (only_helper_calls), of
+    code_cells: int = 0  # the code cells, the parameters cell left out
 
     def missing(self) -> list[str]:
         """The parts of the total that were not measured."""
@@ -219,7 +259,8 @@ def course_time(stem: str, nb: nbformat.NotebookNode, cells: dict[str, Any] | No
     return CourseTime(stem, core_words, all_words, round(reading_min, 2), run_s, times.deeper_s if times else None,
                       times.unmatched if times else 0, restarts.core if restarts else None,
                       restarts.total if restarts else None, None if gpu_min is None else round(gpu_min, 2),
-                      None if total is None else round(total, 2), round(known, 2), within, run)
+                      None if total is None else round(total, 2), round(known, 2), within, run,
+                      *helper_only_cells(nb))
 
 
 def course_notebooks(folder: Path) -> list[Path]:
@@ -261,19 +302,21 @@ def table_lines(rows: Sequence[CourseTime]) -> list[str]:
     """The course-time table: per notebook the core words, reading, CPU run and restart minutes, the total and the
     verdict; then how each column was computed."""
     header = ("notebook", "core words", "reading min", "CPU run min", "restarts core/all", "GPU restarts min",
-              "total min", f"within {CORE_MINUTES_MAX} min")
+              "total min", f"within {CORE_MINUTES_MAX} min", "helper-only code cells")
     body = [(r.notebook, f"{r.core_words:,}", f"{r.reading_min:.1f}",
              _minutes(None if r.run_s is None else r.run_s / 60) + (f" ({r.unmatched_cells} cells unmatched)"
                                                                     if r.unmatched_cells else ""),
              "not measured" if r.restarts_core is None else f"{r.restarts_core}/{r.restarts_all}",
-             _minutes(r.gpu_restart_min), _minutes(r.total_min), verdict(r)) for r in rows]
+             _minutes(r.gpu_restart_min), _minutes(r.total_min), verdict(r),
+             f"{r.helper_only}/{r.code_cells}") for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *body]]
     return lines + [f"Reading: the core path's markdown and code at {WORDS_PER_MINUTE} words a minute (the cells before "
                     f"the first '## {GO_DEEPER}' heading, and the closing 'What we learned'). CPU run: the core cells' "
                     "seconds the local-path tests recorded (build/notebook-cells/), the CPU engine's own starts included. "
                     f"GPU restarts: the core path's restarts on the cluster x {GPU_START_S[RESTART_KIND]:.0f} s "
-                    f"({RESTART_KIND}; {GPU_START_SOURCE})."]
+                    f"({RESTART_KIND}; {GPU_START_SOURCE}). Helper-only: code cells (the parameters cell left out) "
+                    f"with no arithmetic, branch or loop outside the arguments of {', '.join(SHOWN_CALLS)}."]
 
 
 # ---------------------------------------------------------------- the record and the Time lines
