@@ -59,3 +59,65 @@ def test_describe_change_names_each_difference():
     assert describe_change(old, old) == "a restart on the same configuration"
     assert describe_change(old, EngineConfig("m", "m", ("--max-num-seqs", "32", "--no-enforce-eager"))) == \
         "--enforce-eager True -> False"
+
+
+# ---------------------------------------------------------------- a flag a CPU stand-in takes only with its tokens
+
+GPU_LINE = ["--model", "Qwen/Qwen3-4B", "--served-model-name", "Qwen/Qwen3-4B", "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+
+
+def test_the_reasoning_parser_is_dropped_for_tiny_agent_with_the_reason():
+    from helpers.core.settings import models_dir
+    from helpers.core.vllm_args import CPU_STAND_INS, dropped_for_cpu, translate_for_cpu
+
+    root = str(models_dir())
+    assert CPU_STAND_INS["Qwen/Qwen3-4B"] == "tiny-agent"  # the default stand-in
+    assert dropped_for_cpu(GPU_LINE, root) == {
+        "--reasoning-parser": "tiny-agent's tokenizer has no <think> or </think> as one token: vLLM's qwen3 parser "
+                              "looks them up by token id"}
+    cpu = translate_for_cpu(GPU_LINE, root)
+    assert cpu[1] == f"{root}/tiny-agent" and flag_value(cpu, "--reasoning-parser") is None
+    assert flag_value(cpu, "--tool-call-parser") == "hermes"  # only the flag it cannot take goes
+
+
+def test_the_reasoning_parser_is_kept_for_tiny_qwen3_whose_tokenizer_has_the_think_tokens():
+    from helpers.core.settings import models_dir
+    from helpers.core.vllm_args import CPU_STAND_INS, dropped_for_cpu, tokenizer_tokens, translate_for_cpu
+
+    root = str(models_dir())
+    assert {"<think>", "</think>"} <= tokenizer_tokens(models_dir() / "tiny-qwen3")
+    stand_ins = {**CPU_STAND_INS, "Qwen/Qwen3-4B": "tiny-qwen3"}
+    assert dropped_for_cpu(GPU_LINE, root, stand_ins) == {}
+    cpu = translate_for_cpu(GPU_LINE, root, stand_ins)
+    assert cpu[:4] == ["--model", f"{root}/tiny-qwen3", "--served-model-name", "Qwen/Qwen3-4B"]
+    assert flag_value(cpu, "--reasoning-parser") == "qwen3"
+
+
+def test_one_think_token_missing_or_no_tokenizer_at_all_drops_the_flag_and_says_which(tmp_path):
+    import json
+
+    from helpers.core.vllm_args import dropped_for_cpu, translate_for_cpu
+
+    half = tmp_path / "half-thinker"
+    half.mkdir()
+    (half / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "<think>": 1}},
+                                                     "added_tokens": []}))
+    line = ["--model", str(half), "--reasoning-parser", "qwen3"]
+    assert dropped_for_cpu(line, str(tmp_path))["--reasoning-parser"].startswith(
+        "half-thinker's tokenizer has no </think> as one token")
+    (half / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {"2": {"content": "</think>"}}}))
+    assert flag_value(translate_for_cpu(line, str(tmp_path)), "--reasoning-parser") == "qwen3"  # now it has both
+    gone = ["--model", str(tmp_path / "absent"), "--reasoning-parser", "qwen3"]
+    assert dropped_for_cpu(gone, str(tmp_path))["--reasoning-parser"].startswith("absent has no tokenizer files")
+    assert dropped_for_cpu(["--model", str(half)], str(tmp_path)) == {}  # nothing to drop when the flag is not set
+
+
+def test_the_translation_table_says_which_stand_ins_drop_and_which_keep_the_reasoning_parser():
+    from helpers.core.vllm_args import CPU_STAND_INS, cpu_translation_table
+
+    rows = {cpu: why for gpu, cpu, why in cpu_translation_table() if gpu.startswith("--reasoning-parser")}
+    removed = next(cpu for cpu in rows if cpu.startswith("(removed)"))
+    kept = next(cpu for cpu in rows if cpu.startswith("kept"))
+    assert set(removed.removeprefix("(removed) for ").split(", ")) == set(CPU_STAND_INS.values())
+    assert kept == "kept for tiny-qwen3" and "<think> and </think>" in rows[kept]

@@ -1,4 +1,5 @@
-"""An engine configuration and its translation to and from vLLM's command-line arguments (pure functions).
+"""An engine configuration and its translation to and from vLLM's command-line arguments (pure functions; the CPU
+translation also reads a stand-in's tokenizer files, to see whether it can take a flag).
 
 Every backend uses this one model: the local engine builds its command line from it, the Kubernetes
 engine reads and writes the container's ``args`` with it, tuning prints the ``vllm serve`` line and
@@ -13,8 +14,9 @@ same flag, ``max_num_seqs`` may be written with underscores, and a boolean flag 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MODEL_FLAGS = ("--model", "--served-model-name")
@@ -41,8 +43,9 @@ CPU_ONLY_FLAGS = {
 # another fraction for the same share of it, so a change of the knob stays a change.
 GPU_MEMORY_UTILIZATION_BASELINE = 0.90
 # The room's download (k8s/base/kustomization.yaml PREDOWNLOAD_MODELS, components/with-moe) and the shipped tiny
-# model (models/README.md) that stands in for each on a CPU. Qwen3-4B's stand-in is tiny-agent until a tiny model
-# with Qwen3's chat template ships.
+# model (models/README.md) that stands in for each on a CPU. Qwen3-4B's stand-in is tiny-agent, whose vocabulary the
+# drafts and the FP8 variant share; tiny-qwen3 (Qwen3-4B's own chat template, <think> tokens) can stand in for it
+# where a caller chooses so (translate_for_cpu's stand_ins).
 CPU_STAND_INS = {
     "Qwen/Qwen3-4B": "tiny-agent",
     "RedHatAI/Qwen3-4B-FP8-dynamic": "tiny-agent-fp8-dynamic",
@@ -50,9 +53,11 @@ CPU_STAND_INS = {
     "Qwen/Qwen3-30B-A3B": "tiny-moe",
 }
 CPU_MAX_MODEL_LEN = 4096  # the stand-ins' max_position_embeddings (models/README.md); the cluster's is 8,192
-# GPU flags a CPU stand-in cannot take, and why (removed by translate_for_cpu)
+# GPU flags a CPU stand-in can take only when its tokenizer has these tokens, each as one token: flag -> (tokens,
+# why). translate_for_cpu removes such a flag for a stand-in whose tokenizer files lack them and keeps it otherwise:
+# tiny-agent's tokenizer has no <think>, tiny-qwen3's has <think> and </think> (helpers/tiny/qwen3.py).
 CPU_DROPPED_FLAGS = {
-    "--reasoning-parser": "the stand-ins' tokenizers have no <think> tokens for the qwen3 parser to find",
+    "--reasoning-parser": (("<think>", "</think>"), "vLLM's qwen3 parser looks them up by token id"),
 }
 
 
@@ -207,17 +212,56 @@ def describe_change(old: EngineConfig, new: EngineConfig) -> str:
     return ", ".join(parts) or "a restart on the same configuration"
 
 
-def _stand_in(model: str, models_root: str) -> str:
+def _stand_in(model: str, models_root: str, stand_ins: Mapping[str, str] = CPU_STAND_INS) -> str:
     """A hub id's CPU stand-in as a directory under ``models_root``; any other name as it is."""
-    return f"{models_root.rstrip('/')}/{CPU_STAND_INS[model]}" if model in CPU_STAND_INS else model
+    return f"{models_root.rstrip('/')}/{stand_ins[model]}" if model in stand_ins else model
 
 
-def translate_for_cpu(args: Sequence[str], models_root: str) -> list[str]:
+def tokenizer_tokens(model_dir: str | Path) -> set[str]:
+    """Every token a model directory's tokenizer files hold as one token (tokenizer.json's vocabulary and added tokens,
+    tokenizer_config.json's added tokens); empty when it has none of those files."""
+    found: set[str] = set()
+    path = Path(model_dir) / "tokenizer.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        found |= set(vocab) if isinstance(vocab, dict) else {entry[0] for entry in vocab}  # BPE's dict, Unigram's list
+        found |= {t["content"] for t in data.get("added_tokens") or []}
+    path = Path(model_dir) / "tokenizer_config.json"
+    if path.is_file():
+        found |= {t["content"] for t in (json.loads(path.read_text()).get("added_tokens_decoder") or {}).values()}
+    return found
+
+
+def _has_tokens(models_root: str, tiny: str, tokens: Sequence[str]) -> bool:
+    return set(tokens) <= tokenizer_tokens(Path(models_root) / tiny)
+
+
+def dropped_for_cpu(args: Sequence[str], models_root: str,
+                    stand_ins: Mapping[str, str] = CPU_STAND_INS) -> dict[str, str]:
+    """The flags of CPU_DROPPED_FLAGS that ``translate_for_cpu`` removes from these arguments, each with why: those
+    whose tokens the stand-in's tokenizer files lack (a tokenizer it cannot read lacks them all)."""
+    model, _, rest, _ = parse_args(args)
+    local = _stand_in(model, models_root, stand_ins) if model else ""
+    have = tokenizer_tokens(local) if local else set()
+    dropped = {}
+    for flag, (tokens, why) in CPU_DROPPED_FLAGS.items():
+        missing = [t for t in tokens if t not in have]
+        if flag_value(rest, flag) is not None and missing:
+            name = Path(local).name or "the model"
+            dropped[flag] = (f"{name}'s tokenizer has no {' or '.join(missing)} as one token: {why}" if have else
+                             f"{name} has no tokenizer files here to show {' and '.join(tokens)}: {why}")
+    return dropped
+
+
+def translate_for_cpu(args: Sequence[str], models_root: str,
+                      stand_ins: Mapping[str, str] = CPU_STAND_INS) -> list[str]:
     """A GPU engine's ``vllm serve`` arguments as vLLM's CPU build runs them (the table ``cpu_translation_table``
-    prints): hub ids -> the shipped stand-ins under ``models_root`` (also inside ``--speculative-config``),
-    ``--gpu-memory-utilization`` -> ``--kv-cache-memory-bytes`` (the same share of CPU_KV_CACHE_BYTES),
-    ``--max-model-len`` at most CPU_MAX_MODEL_LEN, eager mode,
-    CPU_DROPPED_FLAGS removed. The served name is kept, so clients see the hub id they asked for."""
+    prints): hub ids -> the shipped stand-ins under ``models_root`` (also inside ``--speculative-config``;
+    ``stand_ins``: which, CPU_STAND_INS unless told), ``--gpu-memory-utilization`` -> ``--kv-cache-memory-bytes``
+    (the same share of CPU_KV_CACHE_BYTES), ``--max-model-len`` at most CPU_MAX_MODEL_LEN, eager mode, and the flags
+    of CPU_DROPPED_FLAGS removed where the stand-in's tokenizer lacks their tokens (``dropped_for_cpu``). The served
+    name is kept, so clients see the hub id they asked for."""
     model, served, rest, _ = parse_args(args)
     out = list(rest)
     utilization = flag_value(out, "--gpu-memory-utilization")
@@ -232,19 +276,24 @@ def translate_for_cpu(args: Sequence[str], models_root: str) -> list[str]:
     if isinstance(speculative, str):
         spec = json.loads(speculative)
         if isinstance(spec.get("model"), str):
-            spec["model"] = _stand_in(spec["model"], models_root)
+            spec["model"] = _stand_in(spec["model"], models_root, stand_ins)
         out = list(with_flag(out, "--speculative-config", spec))
-    for flag in CPU_DROPPED_FLAGS:
+    for flag in dropped_for_cpu(args, models_root, stand_ins):
         out = list(with_flag(out, flag, None))
     if flag_value(out, "--enforce-eager") is None:
         out.append("--enforce-eager")
     if not model:
         return out
-    return ["--model", _stand_in(model, models_root), "--served-model-name", served or model, *out]
+    return ["--model", _stand_in(model, models_root, stand_ins), "--served-model-name", served or model, *out]
 
 
-def cpu_translation_table() -> list[tuple[str, str, str]]:
-    """(on the cluster's GPU, on this CPU, why) for every rule of ``translate_for_cpu``."""
+def cpu_translation_table(models_root: str | None = None) -> list[tuple[str, str, str]]:
+    """(on the cluster's GPU, on this CPU, why) for every rule of ``translate_for_cpu``, the stand-ins' tokenizers read
+    under ``models_root`` (default: the shipped models)."""
+    if models_root is None:
+        from helpers.core.settings import models_dir
+
+        models_root = str(models_dir())
     rows = [(hub, f"models/{tiny}", "the room downloads it; a CPU serves the shipped tiny stand-in")
             for hub, tiny in CPU_STAND_INS.items()]
     rows.append(("--gpu-memory-utilization U", f"--kv-cache-memory-bytes U/{GPU_MEMORY_UTILIZATION_BASELINE} x "
@@ -252,7 +301,16 @@ def cpu_translation_table() -> list[tuple[str, str, str]]:
     rows.append((f"--max-model-len above {CPU_MAX_MODEL_LEN:,}", f"--max-model-len {CPU_MAX_MODEL_LEN:,}",
                  "the stand-ins' max_position_embeddings"))
     rows.append(("(CUDA graphs, torch.compile)", "--enforce-eager", CPU_ONLY_FLAGS["--enforce-eager"]))
-    rows += [(flag, "(removed)", why) for flag, why in CPU_DROPPED_FLAGS.items()]
+    shipped = sorted(d.name for d in Path(models_root).iterdir() if d.is_dir()) if Path(models_root).is_dir() else []
+    for flag, (tokens, why) in CPU_DROPPED_FLAGS.items():
+        lacking = [tiny for tiny in dict.fromkeys(CPU_STAND_INS.values()) if not _has_tokens(models_root, tiny, tokens)]
+        taking = [tiny for tiny in shipped if _has_tokens(models_root, tiny, tokens)]
+        both = " and ".join(tokens)
+        rows.append((f"{flag} P", f"(removed) for {', '.join(lacking) or 'none'}",
+                     f"their tokenizers lack {both} as single tokens; {why}"))
+        rows.append((f"{flag} P", f"kept for {', '.join(taking) or 'none'}",
+                     f"its tokenizer has {both} as single tokens: served as a stand-in (CPU_STAND_INS, or "
+                     "translate_for_cpu's stand_ins), it keeps the flag"))
     rows += [("(environment)", f"{name}={value}", "the CPU build's in-process engine core (CPU_ENGINE_ENV)")
              for name, value in CPU_ENGINE_ENV]
     return rows

@@ -7,7 +7,9 @@ participant overlay of ``helpers.cluster.overlays.render``; the vLLM Deployment'
 run as a local ``vllm serve`` after ``helpers.core.vllm_args.translate_for_cpu`` (hub ids -> the shipped
 stand-ins, the GPU memory share -> KV bytes, eager mode) and with the CPU build's environment
 (``CPU_ENGINE_ENV``). JSON and merge patches are applied by the real kubectl (``patch --local``), and
-``diff -k`` / ``apply -k`` render with the real ``kubectl kustomize``.
+``diff -k`` / ``apply -k`` render with the real ``kubectl kustomize``. ``stand_ins`` in the state (``create``'s
+argument) chooses another shipped stand-in for a hub id than CPU_STAND_INS does: tiny-qwen3 for Qwen/Qwen3-4B lets
+the Deployment's ``--reasoning-parser qwen3`` reach a real vLLM (tests/test_k8s_thinking.py).
 
 Answered: ``get deployment|pods|events -o json``, ``patch deployment``, ``rollout status|restart``, ``logs``,
 ``diff -k``, ``apply -k``, ``kustomize``. A changed pod template (or replica count) is a Recreate rollout: the
@@ -49,7 +51,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from helpers.core.vllm_args import CPU_ENGINE_ENV, EngineConfig, config_from_args, translate_for_cpu
+from helpers.core.vllm_args import CPU_ENGINE_ENV, CPU_STAND_INS, EngineConfig, config_from_args, translate_for_cpu
 
 ENGINE = "vllm"  # the Deployment (and container) that runs as a process
 LAUNCH = "--kube-double-launch"  # double.py LAUNCH <spec file>: a pod's first process (``launch``), not a kubectl call
@@ -95,9 +97,10 @@ VLLM_COMMAND = (sys.executable, "-m", "helpers.engine.vllm_cli")
 
 
 def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl: str,
-           vllm_command: list[str] | None = None) -> None:
+           vllm_command: list[str] | None = None, stand_ins: dict[str, str] | None = None) -> None:
     """A namespace from ``kubectl kustomize`` output, its engine pod started (not waited for); ``vllm_command``
-    replaces the container's ``vllm`` (default: the CPU build, VLLM_COMMAND)."""
+    replaces the container's ``vllm`` (default: the CPU build, VLLM_COMMAND); ``stand_ins`` (hub id -> a model
+    directory's name under ``models_root``) replaces those of CPU_STAND_INS it names, for every pod."""
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     namespace = deployments[ENGINE]["metadata"]["namespace"]
@@ -108,7 +111,7 @@ def create(root: Path, rendered: str, port: int, models_root: Path, real_kubectl
 
     state = {"namespace": namespace, "deployments": deployments, "pod": None, "clock": 0, "port": port,
              "models_root": str(models_root), "real_kubectl": real_kubectl, "forbid": [],
-             "vllm": list(vllm_command or VLLM_COMMAND),
+             "vllm": list(vllm_command or VLLM_COMMAND), "stand_ins": dict(stand_ins or {}),
              "start_records": str(start_record_path()),  # this process's: the test that made the namespace
              "objects": [d for d in docs if d["kind"] in ("ConfigMap", "Secret")]}
     root.mkdir(parents=True, exist_ok=True)
@@ -217,7 +220,8 @@ def pod_command(root: Path, state: dict[str, Any], pod: str) -> tuple[list[str],
         if value is not None:
             env[entry["name"]] = local_path(value)
     env.update(dict(CPU_ENGINE_ENV))
-    args = translate_for_cpu(container.get("args", []), state["models_root"])
+    args = translate_for_cpu(container.get("args", []), state["models_root"],
+                             {**CPU_STAND_INS, **state.get("stand_ins", {})})
     command = [*state["vllm"], *container.get("command", ["vllm", "serve"])[1:], *args,
                "--host", "127.0.0.1", "--port", str(state["port"])]
     return command, env
