@@ -10,6 +10,8 @@ The thresholds come from this machine (``relative_rule``): the latency SLO is a 
 own p90 TTFT, and the noise margin is the larger of ``min_gain`` and the spread of the baseline's repeated
 runs, so a slow machine does not roll back every change and a noisy one does not keep noise.
 
+Go deeper's "your own agent as load" (the agent recorded, replayed beside a synthetic workload) is ``replay.py``.
+
 The notebook imports what it uses from here (``connect`` aside): the floors' names it uses are re-exported in
 ``__all__``.
 """
@@ -38,6 +40,10 @@ from helpers.evals.structured import summary as structured_summary
 from helpers.evals.suite import compare as compare_evals
 from helpers.hardware.machine import check_quiet
 from helpers.measure.results_file import ResultsError, load_results, provenance, write_results
+from helpers.lessons.l08_tuning.replay import (Recording, RecordingLab, knee_conclusion, later_turn_conclusion,
+                                               load_conclusion, prefix_conclusion, replay_command, replay_conclusions,
+                                               run_agent, session_from_run, side_by_side, side_by_side_view, state_dir,
+                                               steps, think_time_check, write_recording)
 
 if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time would pull in the engine
     from helpers.engine.session import Lab
@@ -54,6 +60,10 @@ __all__ = [
     "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
     "by_profile", "SEARCH_RESULTS", "candidate_flags", "load_search", "resume", "save_search", "same_configuration",
     "search_conclusion", "slo_check_problem", "slo_on_this_run", "SLO_HINT",
+    # Go deeper, your own agent as load (replay.py): the recording cell's floors and the side-by-side run
+    "Recording", "RecordingLab", "run_agent", "session_from_run", "state_dir", "steps", "write_recording",
+    "knee_conclusion", "later_turn_conclusion", "load_conclusion", "prefix_conclusion", "replay_command",
+    "replay_conclusions", "side_by_side", "side_by_side_view", "think_time_check",
 ]
 
 
