@@ -33,7 +33,7 @@ from helpers.lab.notebooks import REPO_ROOT
 from helpers.lab.workspace import sync
 
 pytestmark = pytest.mark.engine
-NOTEBOOKS = ("start_here.ipynb", "02_units_and_memory_budget.ipynb")
+NOTEBOOKS = ("start_here.ipynb", "01_connect_and_first_agent.ipynb", "02_units_and_memory_budget.ipynb")
 SHOTS = REPO_ROOT / "build" / "browser"  # the latest run's screenshots, for a developer
 RUN_TIMEOUT_S = 300  # one notebook's Run All, the engine already up
 PROBE = "zz_browser_checks.ipynb"  # the notebook made to fail: it runs first, in the same lab
@@ -51,6 +51,11 @@ class MustRender:
 EXPLORER = ".widget-interact"  # ipywidgets.interact's box: 02's explorer
 MUST_RENDER: dict[str, list[MustRender]] = {
     "start_here.ipynb": [MustRender("the engine's status table", ".jp-OutputArea-output table")],
+    "01_connect_and_first_agent.ipynb": [
+        MustRender("the streamed request's token timeline and one request's life (the course's first picture), as "
+                   "images", ".jp-OutputArea-output img[src^='data:image/png']", 2),
+        MustRender("the settings and the rent-or-own costs, as tables", ".jp-OutputArea-output table", 2),
+    ],
     "02_units_and_memory_budget.ipynb": [
         MustRender("the explorer's four dropdowns (model, GPU, weight dtype, KV cache dtype)",
                    f"{EXPLORER} .widget-dropdown select", 4),
