@@ -327,7 +327,8 @@ def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
     small = re.search(r"- \[shown\] With --max-num-seqs 4: .*At 32 users at most (\d+) ran and (\d+) waited", text)
     assert small and int(small.group(1)) <= 4, text[-3000:]
     assert "kustomize component k8s/components/router" in text  # the skip sentence names the cluster's way
-    assert "Replicas not started: RUN_GO_DEEPER is False" in text and RESTART_ROWS[-1].core <= 3
+    assert "Replicas not started: RUN_GO_DEEPER is False" in text
+    assert RESTART_ROWS[-1].core <= 2  # the core path within the 12-minute budget (issue 27): at most 2 restarts
 
 
 def test_notebook_08_on_the_cluster_path(room, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """What notebook 07 (saturation) needs beyond the floors below: its conclusions from the two cap sweeps and
-from the price of a token, the exercise "double the cap", and its scale-out sections (6 and 7) as one run.
+from the price of a token, the exercise "double the cap", and its Go deeper scale-out sections as one run.
 
 The sweeps' conclusions (``cap_conclusion``, ``lift_conclusion``, ``goodput_conclusion``, ...) take the numbers of
 ``helpers.measure.saturation`` (the knee and the limit behind it) and return the sentence with its verdict;
