@@ -40,7 +40,7 @@ from helpers.evals.structured import summary as structured_summary
 from helpers.evals.suite import compare as compare_evals
 from helpers.hardware.machine import check_quiet
 from helpers.measure.results_file import ResultsError, load_results, provenance, write_results
-from helpers.lessons.l08_tuning.replay import (Recording, RecordingLab, knee_conclusion, later_turn_conclusion,
+from helpers.lessons.l08_tuning.replay import (AGENT_INSTRUCTIONS, Recording, RecordingLab, knee_conclusion, later_turn_conclusion,
                                                load_conclusion, prefix_conclusion, replay_command, replay_conclusions,
                                                run_agent, session_from_run, side_by_side, side_by_side_view, state_dir,
                                                steps, think_time_check, write_recording)
@@ -61,7 +61,7 @@ __all__ = [
     "by_profile", "SEARCH_RESULTS", "candidate_flags", "load_search", "resume", "save_search", "same_configuration",
     "search_conclusion", "slo_check_problem", "slo_on_this_run", "SLO_HINT",
     # Go deeper, your own agent as load (replay.py): the recording cell's floors and the side-by-side run
-    "Recording", "RecordingLab", "run_agent", "session_from_run", "state_dir", "steps", "write_recording",
+    "AGENT_INSTRUCTIONS", "Recording", "RecordingLab", "run_agent", "session_from_run", "state_dir", "steps", "write_recording",
     "knee_conclusion", "later_turn_conclusion", "load_conclusion", "prefix_conclusion", "replay_command",
     "replay_conclusions", "side_by_side", "side_by_side_view", "think_time_check",
 ]

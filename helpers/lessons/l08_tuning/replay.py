@@ -34,11 +34,20 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 REPLAY, SYNTHETIC = "replay", "synthetic"
 HIT_MARGIN = 0.10  # the replay's hit rate must beat the synthetic one's by this much (a fraction) to count as hits
 SIGNIFICANCE = 0.05  # the sign test's level for "later turns faster (or slower) than first turns"
+# The recorded agent's instructions: the one system prompt every session sends first, as a real agent sends its own,
+# longer than one KV block of vLLM's CPU build (128 tokens) so that the prefix cache can share it.
+AGENT_INSTRUCTIONS = (
+    "You are the assistant of a small travel desk. Travellers ask about the weather, local time, unit "
+    "conversions and arithmetic. Use a tool whenever the answer depends on live data or a calculation: never "
+    "guess a temperature, a time or a number. Call one tool at a time, with arguments that match its schema. "
+    "When the tool answers, reply in one short sentence that repeats its figure with the unit. If a tool does "
+    "not know a city, say so plainly.")
 COLUMNS = ("workload", "users", "requests", "failed", "prefix_cache_hit_rate", "output_tok_s", "median_ttft_ms",
            "first_turn_ttft_ms", "later_turn_ttft_ms", "first_turn_prompt_tokens", "later_turn_prompt_tokens",
            "mean_in_flight", "duration_s", "max_prompt_tokens", "min_prompt_tokens", "block_tokens", "prefix_caching")
 
 __all__ = [
+    "AGENT_INSTRUCTIONS",
     # the floors below the recording cell uses (the package re-exports them for the notebook)
     "Recording", "RecordingLab", "run_agent", "session_from_run", "state_dir", "steps", "write_recording",
     # this step's own
@@ -217,9 +226,9 @@ def prefix_conclusion(table: pd.DataFrame, margin: float = HIT_MARGIN) -> Conclu
         return Conclusion(text + ": the server's prefix-cache counters were not measured in every run, nothing to "
                           "compare.", WITHIN_NOISE, expectation)
     if all(r >= s + margin for _, r, s in pairs):
-        return Conclusion(text + ": every copy re-sends its own history and all share the tool schemas, so that part "
-                          "of each prompt was computed before; the synthetic prompts each start differently.", SHOWN,
-                          expectation)
+        return Conclusion(text + ": every copy re-sends its own history and all share the system prompt and tools, "
+                          "so that part of each prompt was computed before; the synthetic prompts each start "
+                          "differently.", SHOWN, expectation)
     return Conclusion(text + f": the replay is not ahead by {margin:.0%} at every number of users; "
                       + _no_hits_reason(replayed), NOT_SHOWN, expectation)
 
