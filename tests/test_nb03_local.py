@@ -75,8 +75,10 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
     # section 4 and Go deeper: continuous batching, PagedAttention's blocks and preemption, each checked against this run
     assert "the stall section's runs on the small pool preempted 0 request(s)" in text  # the pool held them
     assert re.search(r"\[(shown|not shown)\] a request arriving mid-decode joins the running batch at the next engine "
-                     r"step: the late request arrived while the early one decoded: it waited [\d.,]+ ms in the "
-                     r"server's queue = [\d.]+ engine steps", text)
+                     r"step: the late request arrived while the early one decoded: (it waited [\d.,]+ ms in the "
+                     r"server's queue = [\d.]+ engine steps|its wait for a step is not isolated here)", text)
+    # (not isolated: the server's queue-time histogram counted another request in the window too; the first token's
+    # time after the send and the gauges decide the check then)
     assert re.search(r"\[(shown|not shown)\] the running request barely pauses while the new one joins", text)
     matched, samples = map(int, re.search(r"KV blocks are allocated as a sequence grows, one block per block_size "
                                           r"tokens\n  (?:✔|✘|~) [^:]*: (\d+) of (\d+) samples", text).groups())
