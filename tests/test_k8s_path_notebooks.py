@@ -276,7 +276,7 @@ def test_notebook_02_on_the_cluster_path(room, tmp_path, monkeypatch):
 def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
     text = _run(room, "03_prefill_decode_kv_cache.ipynb", tmp_path, monkeypatch,
                 {"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "DECODE_TOKENS": 16, "NAIVE_NEW_TOKENS": 16,
-                 "PREFIX_ROUNDS": 2, "SHARED_PREFIX_TOKENS": 512, "JOIN_EARLY_TOKENS": 160,
+                 "PREFIX_ROUNDS": 2, "SHARED_PREFIX_TOKENS": 512, "JOIN_EARLY_TOKENS": 300,
                  "LONG_OUTPUT_TOKENS": 150, "AGENT_TURNS": 2, "STALL_STREAMS": 2})
     assert "engine back on the flags it had before the stall section: True" in text
     for config in ("default", "256"):  # both rolled out (the GPU branch names no default's size)
