@@ -276,7 +276,7 @@ def test_notebook_02_on_the_cluster_path(room, tmp_path, monkeypatch):
 def test_notebook_03_on_the_cluster_path(room, tmp_path, monkeypatch):
     text = _run(room, "03_prefill_decode_kv_cache.ipynb", tmp_path, monkeypatch,
                 {"PROMPT_LENGTHS": [64, 1024], "REPEATS": 2, "DECODE_TOKENS": 16, "NAIVE_NEW_TOKENS": 16,
-                 "PREFIX_ROUNDS": 2, "SHARED_PREFIX_TOKENS": 512, "JOIN_EARLY_TOKENS": 300,
+                 "PREFIX_ROUNDS": 2, "SHARED_PREFIX_TOKENS": 512, "JOIN_EARLY_TOKENS": 600,
                  "LONG_OUTPUT_TOKENS": 150, "AGENT_TURNS": 2, "STALL_STREAMS": 2})
     assert "engine back on the flags it had before the stall section: True" in text
     for config in ("default", "256"):  # both rolled out (the GPU branch names no default's size)
@@ -318,6 +318,9 @@ def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):
     assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (2, 2)  # the aligned draft and back; Go deeper none
     assert text.count("Not run (RUN_GO_DEEPER is False): No results file") == 2
     assert re.search(r"\d+ verification steps: \d+ of \d+ guesses kept", text)
+    # the Go deeper sections computed from the core path's runs run here too: the methods, the formula, the talk's slide
+    assert "What you should see: ngram and a draft model can run here" in text and "1.78x if every guess" in text
+    assert re.search(r"formula [\d.]+ vs measured [\d.]+ tokens per step|with k > 1 proposed drafts in this run", text)
 
 
 def test_notebook_07_on_the_cluster_path(room, tmp_path, monkeypatch):
