@@ -176,8 +176,8 @@ def lookup_outcome(length: float, k: int) -> str:
 
 def draft_methods(k: int, aligned: str | None, misaligned: str | None, names: tuple[str, str, str],
                   baseline: str) -> dict[str, str | None]:
-    """Section 2's methods: no speculation, the aligned and the misaligned draft at ``k`` guesses and ngram (``names``:
-    their labels); a draft the room did not download (None) is left out with its sentence printed."""
+    """The method grid's methods: no speculation, the aligned and the misaligned draft at ``k`` guesses and ngram
+    (``names``: their labels); a draft the room did not download (None) is left out with its sentence printed."""
     from helpers.core.models import missing_reason
 
     methods: dict[str, str | None] = {baseline: None}

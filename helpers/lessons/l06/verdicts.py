@@ -223,8 +223,8 @@ def aligned_vs_misaligned(runs: pd.DataFrame, aligned: str, misaligned: str) -> 
     plain "not run" line when either draft was left out (a room that downloads no such draft)."""
     missing = [name for name in (aligned, misaligned) if not (runs.config == name).any()]
     if missing:
-        return Conclusion(f"not run: {' and '.join(missing)} left out of this run (see section 2's output), so the "
-                          "two drafts' acceptance is not compared here")
+        return Conclusion(f"not run: {' and '.join(missing)} left out of this run (see the method grid's output), so "
+                          "the two drafts' acceptance is not compared here")
     return acceptance_conclusion(runs[runs.config == aligned].acceptance_rate.tolist(),
                                  runs[runs.config == misaligned].acceptance_rate.tolist())
 
