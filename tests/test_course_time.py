@@ -233,12 +233,9 @@ def test_course_time_write_on_copies_of_the_real_notebooks(tmp_path, capsys):
                    [x for x in old.cells[i].source.splitlines() if not x.startswith("**Time:**")]
 
 
-# NOTE for the lead (issue 27 part 1): this is the check of the REAL notebooks against the committed record. It fails
-# until `workshop course-time --write` has been run once the notebooks' restructuring is done (the record
-# notebooks/course_time.json does not exist yet, and the Time lines are still typed). strict=True: once the record
-# is generated and the lines written, this test XPASSes and the suite fails, saying to remove this marker.
-@pytest.mark.xfail(strict=True, raises=(AssertionError, ct.CourseTimeError),
-                   reason="NOTE: enable after `workshop course-time --write` (remove this xfail marker)")
+# The real notebooks against the committed record (notebooks/course_time.json): each Time line is the one the record
+# generates; after a notebook's core path changes, `workshop course-time --restarts build/k8s-path --write` after a full
+# run regenerates both.
 def test_every_notebooks_time_line_matches_the_committed_record():
     record = ct.read_record(NOTEBOOKS / ct.RECORD_NAME)
     assert ct.time_line_problems(ct.course_notebooks(NOTEBOOKS), record) == []
