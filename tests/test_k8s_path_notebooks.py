@@ -43,7 +43,6 @@ from helpers.lab.restarts import restart_row
 pytestmark = pytest.mark.engine
 PORT = int(os.environ.get("WORKSHOP_K8S_TEST_PORT", "8766"))  # the Service vllm-engine:8000, here
 NS = "ws-01"
-DOUBLE_BIN = Path(__file__).resolve().parent / "kube_double"
 NOTEBOOKS = REPO_ROOT / "notebooks"
 START_TIMEOUT_S = 600
 NOT_DOWNLOADED = "Qwen/Qwen3-8B"  # a real hub id the room's download does not fetch
@@ -79,30 +78,10 @@ def room(tmp_path_factory) -> Room:
     baseline = next(c for c in vllm["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")["args"]
     download = (engine_cm["data"]["PREDOWNLOAD_MODELS"] + " " + engine_cm["data"]["PREDOWNLOAD_EXTRA_MODELS"]).split()
     state = root / "namespace"
-    double.create(state, rendered, PORT, models_dir(), real)
-    env = {"PATH": f"{DOUBLE_BIN}{os.pathsep}{os.environ['PATH']}", "KUBE_DOUBLE_STATE": str(state),
-           "KUBE_DOUBLE_PYTHON": sys.executable,
-           **double.notebook_env(state, f"http://127.0.0.1:{PORT}/v1")}  # the notebook pod's own contract
-    assert env["WORKSHOP_PROFILE"] == "k8s" and env["NAMESPACE"] == NS and env["VLLM_API_KEY"]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        waited = subprocess.run(["kubectl", "rollout", "status", "deployment/vllm", "-n", NS,
-                                 f"--timeout={START_TIMEOUT_S}s"], capture_output=True, text=True, check=False)
-        assert waited.returncode == 0, (waited.stderr, _pod_log(state))
+    with double.serving(state, rendered, PORT, models_dir(), real, START_TIMEOUT_S) as env:  # the notebook pod's contract
+        assert env["WORKSHOP_PROFILE"] == "k8s" and env["NAMESPACE"] == NS and env["VLLM_API_KEY"]
         yield Room(state, env, download, baseline)
-    finally:
-        double.shutdown(state)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
-
-def _pod_log(state: Path, lines: int = 30) -> str:
-    logs = sorted((state / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
-    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no pod log)"
 
 
 @pytest.fixture(autouse=True)

