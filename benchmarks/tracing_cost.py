@@ -58,22 +58,13 @@ def order(rounds: int) -> list[tuple[int, str]]:
 
 
 def summarize(rows: list[dict[str, Any]], compare: Any) -> list[dict[str, Any]]:
-    """One line per figure: the means off and on, the per-round ratio on / off, its spread and the verdict."""
-    by_arm: dict[str, dict[int, dict[str, Any]]] = {arm: {} for arm in ARMS}
-    for row in rows:
-        by_arm[row["arm"]][row["round"]] = row
-    rounds = sorted(set(by_arm["off"]) & set(by_arm["on"]))
-    lines = []
-    for name in FIGURES:
-        off = [by_arm["off"][r].get(name) for r in rounds]
-        on = [by_arm["on"][r].get(name) for r in rounds]
-        ratios = compare.pair_ratios(on, off)
-        ratio = sum(ratios) / len(ratios) if ratios else None
-        half = compare.spread(ratios)
-        verdict = compare.verdict(ratio, half).replace("ours", "tracing on")
-        lines.append({"figure": name, "rounds": len(ratios), "off_mean": compare._mean(off),
-                      "on_mean": compare._mean(on), "ratio": ratio, "spread": half, "verdict": verdict})
-    return lines
+    """One line per figure: the means off and on, the per-round ratio on / off, its spread and the verdict, from
+    compare_vllm_bench's ``compare`` with each round as a pair (off in vLLM's place, on in ours)."""
+    as_pairs = [{**row, "pair": row["round"], "tool": "workshop" if row["arm"] == "on" else "vllm"} for row in rows]
+    return [{"figure": line["figure"], "rounds": line["pairs"], "off_mean": line["vllm_mean"],
+             "on_mean": line["workshop_mean"], "ratio": line["ratio"], "spread": line["spread"],
+             "verdict": line["verdict"].replace("ours", "tracing on")}
+            for line in compare.compare(as_pairs, FIGURES)]
 
 
 def format_table(lines: list[dict[str, Any]]) -> str:
