@@ -18,6 +18,13 @@ many users, the same thing). What is made the same, so that the figures measure 
 - the warm-up: ``--warmups`` uncounted requests for both (vLLM's tool also sends one test request first);
 - the definitions: ``workshop bench`` takes vLLM's e2el, TPOT and ITL (helpers/measure/bench_results.py); vLLM's
   tool writes e2el only when asked (``--percentile-metrics ... e2el``).
+Issue 32's candidates, each undone on its own to measure what it does to the ratio (one switch per run):
+- ``--same-seed``: every vLLM run gets ``--seed 0``, as a user's back-to-back runs do (runs after the first find
+  their prompts in the prefix cache);
+- ``--vllm-default-temperature``: vLLM's tool sends no temperature (the server's default sampling);
+- ``--same-input-len``: ours is given ``--input-len`` itself (our prompts then hold the template in those tokens);
+- ``--warmups 0`` and ``--workshop-args "--no-metrics"`` (our /metrics sampling during the run);
+- ``--requests 192`` against 64: the client's CPU per request is the slope of ``client_cpu_s``.
 For each figure it prints ours / vLLM's per pair, their mean, the pairs' spread (half the range of the
 per-pair ratios) and "within noise" when the spread covers the difference, beside the issue's tolerance
 (5% throughput, 10% TTFT and TPOT) and the machine's kind and load (``workshop machine``). A figure, not a
@@ -119,7 +126,9 @@ def vllm_command(args: argparse.Namespace, root_url: str, model: str, tokenizer:
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(args.requests),
             "--request-rate", "inf", "--max-concurrency", str(args.concurrency), "--num-warmups", str(args.warmups),
-            "--temperature", "0", "--seed", str(pair), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            *([] if args.vllm_default_temperature else ["--temperature", "0"]),
+            "--seed", "0" if args.same_seed else str(pair),
+            "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--result-dir", str(out_dir), "--result-filename", f"vllm-{pair}.json"]
 
 
@@ -168,6 +177,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--warmups", type=int, default=4)
     parser.add_argument("--workshop-args", default="", help='more flags for workshop bench, e.g. "--no-metrics"')
+    parser.add_argument("--same-seed", action="store_true",
+                        help="issue 32's runs: --seed 0 for every vLLM run (its prompts repeat: prefix-cache hits)")
+    parser.add_argument("--vllm-default-temperature", action="store_true",
+                        help="issue 32's runs: vLLM's tool sends no temperature (ours sends 0)")
+    parser.add_argument("--same-input-len", action="store_true",
+                        help="issue 32's runs: ours gets --input-len, not the server's count of vLLM's prompts")
     parser.add_argument("--json", default=None, help="write every run's figures and the comparison here")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     args = parser.parse_args()
@@ -182,10 +197,11 @@ def main() -> None:
         work = Path("RESULTS_DIR")
         print(f"# starts the local engine (the profile's baseline) on port {args.port}, "
               f"then for pair i = 0..{args.pairs - 1}:")
-        print(shlex.join(vllm_command(args, settings.root_url, settings.model, make_engine(settings).config().model,
-                                      0, work)).replace("--seed 0", "--seed i"))
+        command = shlex.join(vllm_command(args, settings.root_url, settings.model,
+                                          make_engine(settings).config().model, 0, work))
+        print(command if args.same_seed else command.replace("--seed 0", "--seed i"))
         print(shlex.join(workshop_command(args, args.input_len, 0, work))
-              + "   # --input-len: the server's mean prompt tokens in vLLM's first run")
+              + ("" if args.same_input_len else "   # --input-len: the server's mean prompt tokens in vLLM's first run"))
         return
     os.environ.update(WORKSHOP_PORT=args.port, WORKSHOP_STATE_DIR=tempfile.mkdtemp(prefix="compare-bench-"))
     work = Path(tempfile.mkdtemp(prefix="compare-bench-out-"))
@@ -202,7 +218,11 @@ def main() -> None:
             figures = run_tool(vllm_command(args, settings.root_url, model, tokenizer, pair, work), env,
                                work / f"vllm-{pair}.json")
             rows.append({"pair": pair, "tool": "vllm", **figures})
-            if input_len is None:
+            if input_len is None and args.same_input_len:
+                input_len = args.input_len
+                print(f"vLLM's prompts are {figures['total_input_tokens'] / figures['completed']:.0f} tokens as the "
+                      f"server counts them; ours get --input-len {input_len} (--same-input-len)", flush=True)
+            elif input_len is None:
                 input_len = round(figures["total_input_tokens"] / figures["completed"])
                 print(f"vLLM's prompts are {input_len} tokens as the server counts them: ours get that", flush=True)
             figures = run_tool(workshop_command(args, input_len, pair, work), env, work / f"workshop-{pair}.jsonl")
@@ -216,7 +236,12 @@ def main() -> None:
         lab.engine.stop()
     print(machine_line(env))
     lines = compare(rows)
+    undone = [flag for flag, on in (("--same-seed", args.same_seed),
+                                    ("--vllm-default-temperature", args.vllm_default_temperature),
+                                    ("--same-input-len", args.same_input_len)) if on]
     print(f"\n{args.pairs} pairs of {args.requests} requests at concurrency {args.concurrency}, "
+          f"{args.warmups} warm-ups{', ' + ' '.join(undone) if undone else ''}"
+          f"{', workshop ' + args.workshop_args if args.workshop_args else ''}; "
           f"{args.input_len}-token random prompts, {args.output_len} output tokens; ratio = workshop / vllm bench, "
           "mean over pairs; spread = half the range of the pairs' ratios\n" + format_table(lines))
     if args.json:

@@ -63,3 +63,22 @@ def test_pairs_are_matched_by_number_not_by_order():
 def test_the_table_prints_each_verdict_and_tolerance():
     text = bench.format_table(bench.compare(rows([500.0, 500.0], [430.0, 440.0])))
     assert "output_throughput" in text and "ours -13.0%" in text and "tolerance 5%: NOT met" in text
+
+
+def _args(**switches):
+    import argparse
+
+    base = dict(input_len=256, output_len=64, requests=64, concurrency=4, warmups=4, same_seed=False,
+                vllm_default_temperature=False)
+    return argparse.Namespace(**{**base, **switches})
+
+
+def test_issue_32s_candidates_each_undo_one_matching_of_vllms_command():
+    matched = bench.vllm_command(_args(), "http://h:1", "m", "tok", 3, Path("out"))
+    assert matched[matched.index("--seed") + 1] == "3"  # a seed per pair: no run finds the last one's prompts
+    assert matched[matched.index("--temperature") + 1] == "0"
+    same = bench.vllm_command(_args(same_seed=True), "http://h:1", "m", "tok", 3, Path("out"))
+    assert same[same.index("--seed") + 1] == "0"
+    default = bench.vllm_command(_args(vllm_default_temperature=True), "http://h:1", "m", "tok", 3, Path("out"))
+    assert "--temperature" not in default
+    assert len(matched) - len(default) == 2  # only the flag and its value went

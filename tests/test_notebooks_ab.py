@@ -1,0 +1,55 @@
+"""benchmarks/notebooks_ab.py's order, parsing and arithmetic (the benchmark itself prints figures; it is not run
+here: it runs every notebook four times)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("notebooks_ab", ROOT / "benchmarks" / "notebooks_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_notebook_runs_old_then_new_and_the_rounds_follow():
+    ab = _load()
+    assert ab.order(["01.ipynb", "02.ipynb"], 2) == [
+        (0, "01.ipynb", "old"), (0, "01.ipynb", "new"), (0, "02.ipynb", "old"), (0, "02.ipynb", "new"),
+        (1, "01.ipynb", "old"), (1, "01.ipynb", "new"), (1, "02.ipynb", "old"), (1, "02.ipynb", "new")]
+
+
+def test_the_notebooks_are_this_trees_numbered_ones_or_the_prefixes_asked_for():
+    ab = _load()
+    every = ab.notebooks(ROOT, [])
+    assert len(every) == 8 and every[0].startswith("01_") and every[-1].startswith("08_")
+    assert ab.notebooks(ROOT, ["3", "05"]) == [n for n in every if n[:2] in ("03", "05")]
+    assert ab.notebooks(ROOT, ["99"]) == []
+
+
+def test_the_seconds_are_read_from_workshop_runs_ok_line_for_that_notebook_only():
+    ab = _load()
+    out = "engine ready\nok  02_units.ipynb  2.7 s  -> build/x.ipynb\nok  03_kv.ipynb  58.6 s  -> build/y.ipynb\n"
+    assert ab.seconds_printed(out, "03_kv.ipynb") == 58.6
+    assert ab.seconds_printed(out, "04_moe.ipynb") is None
+    assert ab.seconds_printed("FAILED 03_kv.ipynb: cell 4", "03_kv.ipynb") is None
+
+
+def test_the_summary_is_new_over_old_per_round_and_all_counts_only_complete_rounds():
+    ab = _load()
+    rows = [{"round": 0, "notebook": "a", "tree": "old", "seconds": 10.0},
+            {"round": 0, "notebook": "a", "tree": "new", "seconds": 11.0},
+            {"round": 0, "notebook": "b", "tree": "old", "seconds": 20.0},
+            {"round": 0, "notebook": "b", "tree": "new", "seconds": 20.0},
+            {"round": 1, "notebook": "a", "tree": "old", "seconds": 10.0},
+            {"round": 1, "notebook": "a", "tree": "new", "seconds": 13.0},
+            {"round": 1, "notebook": "b", "tree": "old", "seconds": 20.0},
+            {"round": 1, "notebook": "b", "tree": "new", "seconds": None}]  # failed: no seconds
+    lines = {line["notebook"]: line for line in ab.summarize(rows, ab._compare_module())}
+    assert lines["a"]["rounds"] == 2 and abs(lines["a"]["ratio"] - 1.2) < 1e-9
+    assert abs(lines["a"]["spread"] - 0.1) < 1e-9 and lines["a"]["verdict"] == "new +20.0%"
+    assert lines["b"]["rounds"] == 1 and lines["b"]["spread"] is None
+    assert lines["all"]["rounds"] == 1 and abs(lines["all"]["ratio"] - 31 / 30) < 1e-9  # round 1 is incomplete
+    assert "a" in ab.format_table(list(lines.values()))
