@@ -1,7 +1,7 @@
 """Benchmark: the numbered notebooks at their defaults, an older tree against this one, A/B/A/B (prints figures).
 
 Usage: python benchmarks/notebooks_ab.py [--old 6221f48] [--rounds 2] [--notebooks 03 05] [--old-port 8793]
-                                         [--new-port 8794] [--json PATH] [--dry-run]
+                                         [--new-port 8794] [--json PATH] [--dry-run] [--from RUNS.jsonl]
 
 Issue 27 asks that the eight notebooks, run with their defaults, take at most 10% longer than before on the same
 quiet machine. This puts the older commit in a git worktree, gives each tree its own port and state directory
@@ -10,10 +10,13 @@ notebook by notebook, old then new, round after round: ``workshop run notebooks/
 ``PYTHONPATH``, as the earlier stops timed them by hand. The figure per run is the seconds ``workshop run``
 prints for the notebook (its kernel and cells; the engine was already up, but a notebook's own restarts count).
 
-What it prints: each run as it ends; then per notebook and in all, the old and new means, the mean per-round
-ratio new / old, the rounds' spread (half the range of the ratios) and "within noise" when the spread covers the
-difference (benchmarks/compare_vllm_bench.py's arithmetic, one implementation), beside the machine's kind and
-load before and after. Every run is appended to ``--json`` as it ends, so an interrupted run keeps what it has.
+What it prints: each run as it ends, with its cells' seconds split into the core path and the Go deeper
+sections (nbclient's timestamps; the older tree's notebooks have none, so they are all core); then per notebook,
+in all, and for the core paths' cells alone (the older tree's whole notebooks against this tree's core paths), the
+old and new means, the mean per-round ratio new / old, the rounds' spread (half the range of the ratios) and
+"within noise" when the spread covers the difference (benchmarks/compare_vllm_bench.py's arithmetic, one
+implementation), beside the machine's kind and load before and after. Every run is appended to ``--json`` as it
+ends, so an interrupted run keeps what it has.
 A figure, not a test.
 """
 
@@ -76,6 +79,33 @@ def seconds_printed(stdout: str, name: str) -> float | None:
     return None
 
 
+def split_seconds(executed: Path) -> tuple[float, float] | None:
+    """The seconds an executed copy's code cells ran (nbclient's timestamps), on the core path and in its Go deeper
+    sections (helpers.lab.course_time.core_cells: an older tree's notebook, with no Go deeper heading, is all core);
+    None when the copy is missing or carries no timings."""
+    from datetime import datetime
+
+    import nbformat
+
+    from helpers.lab.course_time import core_cells
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except (OSError, ValueError):
+        return None
+    core = deeper = 0.0
+    timed = False
+    for cell, on_core in zip(nb.cells, core_cells(nb)):
+        stamps = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type != "code" or "iopub.execute_input" not in stamps or "shell.execute_reply" not in stamps:
+            continue
+        start, end = (datetime.fromisoformat(stamps[k].replace("Z", "+00:00"))
+                      for k in ("iopub.execute_input", "shell.execute_reply"))
+        seconds, timed = max(0.0, (end - start).total_seconds()), True
+        core, deeper = (core + seconds, deeper) if on_core else (core, deeper + seconds)
+    return (round(core, 1), round(deeper, 1)) if timed else None
+
+
 def summarize(rows: list[dict[str, Any]], compare: Any) -> list[dict[str, Any]]:
     """Per notebook and in all (the rounds where every notebook ran in both trees): the old and new means, the
     per-round ratio new / old, its spread and the verdict (compare_vllm_bench's ``compare``, a round as a pair)."""
@@ -87,20 +117,32 @@ def summarize(rows: list[dict[str, Any]], compare: Any) -> list[dict[str, Any]]:
         entry = per_round.setdefault((row["round"], row["tree"]), {"pair": row["round"],
                                                                    "tool": "workshop" if row["tree"] == "new" else "vllm"})
         entry[row["notebook"]] = row["seconds"]
+        if row.get("core_s") is not None:
+            entry.setdefault("core", {})[row["notebook"]] = row["core_s"]
     for entry in per_round.values():
         entry["all"] = sum(entry[n] for n in names) if all(n in entry for n in names) else None
-    lines = compare.compare(list(per_round.values()), tuple(names) + ("all",))
+        core = entry.pop("core", {})
+        entry["core path (cells)"] = sum(core.values()) if all(n in core for n in names) else None
+    lines = compare.compare(list(per_round.values()), tuple(names) + ("all", "core path (cells)"))
+    new_core: dict[str, list[float]] = {}
+    for row in rows:
+        if row["tree"] == "new" and row.get("core_s") is not None:
+            new_core.setdefault(row["notebook"], []).append(row["core_s"])
     return [{"notebook": line["figure"], "rounds": line["pairs"], "old_mean": line["vllm_mean"],
              "new_mean": line["workshop_mean"], "ratio": line["ratio"], "spread": line["spread"],
-             "verdict": line["verdict"].replace("ours", "new")} for line in lines]
+             "verdict": line["verdict"].replace("ours", "new"),
+             "new_core_mean": (sum(new_core[line["figure"]]) / len(new_core[line["figure"]])
+                               if line["figure"] in new_core else None)} for line in lines]
 
 
 def format_table(lines: list[dict[str, Any]]) -> str:
-    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    rows = [f"{'notebook':<36} {'rounds':>6} {'old (s)':>9} {'new (s)':>9} {'new/old':>7} {'spread':>8}  verdict"]
+    num = lambda v, f, w: format("-" if v is None else format(v, f), f">{w}")  # noqa: E731
+    rows = [f"{'notebook':<36} {'rounds':>6} {'old (s)':>9} {'new (s)':>9} {'new core':>9} {'new/old':>7} "
+            f"{'spread':>8}  verdict"]
     for line in lines:
-        rows.append(f"{line['notebook']:<36} {line['rounds']:>6} {num(line['old_mean'], '9.1f')} "
-                    f"{num(line['new_mean'], '9.1f')} {num(line['ratio'], '7.3f')} "
+        rows.append(f"{line['notebook']:<36} {line['rounds']:>6} {num(line['old_mean'], '.1f', 9)} "
+                    f"{num(line['new_mean'], '.1f', 9)} {num(line.get('new_core_mean'), '.1f', 9)} "
+                    f"{num(line['ratio'], '.3f', 7)} "
                     f"{'-' if line['spread'] is None else '±' + format(line['spread'], '.3f'):>8}  {line['verdict']}")
     return "\n".join(rows)
 
@@ -115,7 +157,18 @@ def main() -> None:
     parser.add_argument("--new-port", default="8794")
     parser.add_argument("--json", default=None, help="append every run here as it ends, then the summary")
     parser.add_argument("--dry-run", action="store_true", help="print the runs in order, start nothing")
+    parser.add_argument("--from", dest="saved", default=None, metavar="RUNS.jsonl",
+                        help="run nothing: print the summary of a --json file's runs (the core/Go deeper split "
+                             "read from each run's executed copy where the file lacks it)")
     args = parser.parse_args()
+    if args.saved:
+        saved = [json.loads(line) for line in Path(args.saved).read_text().splitlines() if line.strip()]
+        rows = [row for row in saved if "summary" not in row]
+        for row in rows:
+            if row.get("core_s") is None and row.get("executed"):
+                row["core_s"], row["deeper_s"] = split_seconds(Path(row["executed"])) or (None, None)
+        print(format_table(summarize(rows, _compare_module())))
+        return
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     names = notebooks(ROOT, args.notebooks)
@@ -148,11 +201,15 @@ def main() -> None:
                                   env=envs[tree], capture_output=True, text=True)
             row = {"round": rnd, "notebook": name, "tree": tree, "wall_s": round(time.perf_counter() - started, 1),
                    "seconds": seconds_printed(proc.stdout, name), "rc": proc.returncode}
+            row["executed"] = str(work / f"out-{tree}-{rnd}" / name)
+            split = split_seconds(Path(row["executed"])) if proc.returncode == 0 else None
+            row["core_s"], row["deeper_s"] = split if split else (None, None)
             rows.append(row)
             if args.json:
                 with open(args.json, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-            print(f"round {rnd} {name:<36} {tree}  {row['seconds']} s  (wall {row['wall_s']} s, rc {proc.returncode})",
+            print(f"round {rnd} {name:<36} {tree}  {row['seconds']} s  (cells: core {row['core_s']} s, Go deeper "
+                  f"{row['deeper_s']} s; wall {row['wall_s']} s, rc {proc.returncode})",
                   flush=True)
             if proc.returncode != 0:
                 print(f"  failed:\n{proc.stdout[-800:]}\n{proc.stderr[-800:]}", flush=True)

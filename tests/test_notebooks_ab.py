@@ -53,3 +53,37 @@ def test_the_summary_is_new_over_old_per_round_and_all_counts_only_complete_roun
     assert lines["b"]["rounds"] == 1 and lines["b"]["spread"] is None
     assert lines["all"]["rounds"] == 1 and abs(lines["all"]["ratio"] - 31 / 30) < 1e-9  # round 1 is incomplete
     assert "a" in ab.format_table(list(lines.values()))
+
+
+def test_a_runs_cell_seconds_split_at_the_first_go_deeper_heading(tmp_path):
+    import nbformat
+
+    ab = _load()
+
+    def timed(source, start, end):
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["execution"] = {"iopub.execute_input": f"2026-12-03T12:00:{start:06.3f}Z",
+                                      "shell.execute_reply": f"2026-12-03T12:00:{end:06.3f}Z"}
+        return cell
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 0X title"), timed("a = 1", 0, 2.5), timed("b = 2", 3, 4),
+        nbformat.v4.new_markdown_cell("## Go deeper: more"), timed("c = 3", 10, 20),
+        nbformat.v4.new_code_cell("never ran")])
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    assert ab.split_seconds(path) == (3.5, 10.0)
+    nb.cells = [c for c in nb.cells if c.cell_type == "markdown"]  # nothing timed
+    nbformat.write(nb, path)
+    assert ab.split_seconds(path) is None
+    assert ab.split_seconds(tmp_path / "missing.ipynb") is None
+
+
+def test_the_core_path_line_sums_each_trees_core_cells_over_the_notebooks_of_a_round():
+    ab = _load()
+    rows = [{"round": 0, "notebook": "a", "tree": "old", "seconds": 10.0, "core_s": 9.0},
+            {"round": 0, "notebook": "a", "tree": "new", "seconds": 15.0, "core_s": 8.0},
+            {"round": 0, "notebook": "b", "tree": "old", "seconds": 20.0, "core_s": 19.0},
+            {"round": 0, "notebook": "b", "tree": "new", "seconds": 20.0, "core_s": 10.0}]
+    core = next(line for line in ab.summarize(rows, ab._compare_module()) if line["notebook"] == "core path (cells)")
+    assert core["old_mean"] == 28.0 and core["new_mean"] == 18.0 and abs(core["ratio"] - 18 / 28) < 1e-9
