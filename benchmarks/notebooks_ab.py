@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,19 @@ def order(names: list[str], rounds: int) -> list[tuple[int, str, str]]:
 
 def run_command(tree: Path, name: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "helpers.cli.main", "run", f"notebooks/{name}", "--out", str(out)]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_engines(trees: dict[str, Path], envs: dict[str, dict[str, str]]) -> None:
+    """``workshop down`` in each tree with that tree's port and state directory, saying what each stopped."""
+    for tree in TREES:
+        proc = subprocess.run([sys.executable, "-m", "helpers.cli.main", "down"], cwd=trees[tree], env=envs[tree],
+                              capture_output=True, text=True)
+        said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+        print(f"{tree}: workshop down: {said[-1] if said else 'nothing printed'} (rc {proc.returncode})", flush=True)
 
 
 def tree_env(tree: Path, port: str, state: Path) -> dict[str, str]:
@@ -194,6 +208,8 @@ def main() -> None:
             "new": tree_env(ROOT, args.new_port, work / "state-new")}
     print(compare.machine_line(envs["new"]), flush=True)
     rows: list[dict[str, Any]] = []
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a killed run still stops both trees' engines (finally below)
+        signal.signal(signum, _interrupt)
     try:
         for rnd, name, tree in order(names, args.rounds):
             started = time.perf_counter()
@@ -216,9 +232,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted: the summary below is of the runs that ended", flush=True)
     finally:
-        for tree in TREES:
-            subprocess.run([sys.executable, "-m", "helpers.cli.main", "down"], cwd=trees[tree], env=envs[tree],
-                           capture_output=True)
+        stop_engines(trees, envs)
     print(compare.machine_line(envs["new"]))
     lines = summarize(rows, compare)
     print(format_table(lines))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_vllm_bench.py"
-_spec = importlib.util.spec_from_file_location("compare_vllm_bench", PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_script(PATH)
 
 
 def rows(vllm: list[float | None], ours: list[float | None], name: str = "output_throughput") -> list[dict]:

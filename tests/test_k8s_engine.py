@@ -12,7 +12,6 @@ k8s/README.md lists the steps that verify it on one.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 from fakes import fake_kubectl_on_path
 import yaml
 from fake_vllm import FakeVllm
+from script_module import load_script
 
 from helpers.engine import k8s as ke
 from helpers.engine.interface import EngineError, EngineStartError, default_config
@@ -42,10 +42,7 @@ SLOW_FLAG = "--pretend-slow-start"  # the fake's pod with this flag runs but nev
 
 
 def _fake_module():
-    spec = importlib.util.spec_from_file_location("fake_kubectl", FIXTURES / "fake_kubectl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(FIXTURES / "fake_kubectl.py")
 
 
 class Cluster:

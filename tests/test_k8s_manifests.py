@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import io
 import json
 import shutil
@@ -22,6 +21,7 @@ from typing import Any
 import kubernetes_validate as kv
 import pytest
 import yaml
+from script_module import load_script
 
 from helpers.cluster import overlays, room
 from helpers.engine.interface import default_config
@@ -429,11 +429,7 @@ def test_provisioning_twice_gives_byte_identical_files(provisioned):
 # ---------------------------------------------------------------- the pre-download script and the dashboard
 
 def _predownload_module():
-    spec = importlib.util.spec_from_file_location("predownload", K8S / "components" / "model-scripts" / "files" /
-                                                  "predownload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(K8S / "components" / "model-scripts" / "files" / "predownload.py")
 
 
 def test_predownload_fetches_every_listed_model_once_and_fails_loudly(monkeypatch, tmp_path):

@@ -1,17 +1,15 @@
 """benchmarks/notebooks_ab.py's order, parsing and arithmetic (the benchmark itself prints figures; it is not run
 here: it runs every notebook four times)."""
 
-import importlib.util
 from pathlib import Path
+
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("notebooks_ab", ROOT / "benchmarks" / "notebooks_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "notebooks_ab.py")
 
 
 def test_each_notebook_runs_old_then_new_and_the_rounds_follow():
@@ -87,3 +85,26 @@ def test_the_core_path_line_sums_each_trees_core_cells_over_the_notebooks_of_a_r
             {"round": 0, "notebook": "b", "tree": "new", "seconds": 20.0, "core_s": 10.0}]
     core = next(line for line in ab.summarize(rows, ab._compare_module()) if line["notebook"] == "core path (cells)")
     assert core["old_mean"] == 28.0 and core["new_mean"] == 18.0 and abs(core["ratio"] - 18 / 28) < 1e-9
+
+
+def test_the_engines_are_stopped_in_each_tree_with_its_own_port_and_state(monkeypatch, capsys):
+    ab = _load()
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "engine stopped (pid 42)\n", ""
+
+    monkeypatch.setattr(ab.subprocess, "run", lambda cmd, cwd, env, **kw: calls.append((cmd[-1], cwd, env)) or Done())
+    trees = {"old": Path("/old"), "new": Path("/new")}
+    envs = {tree: ab.tree_env(trees[tree], port, Path(f"/state-{tree}")) for tree, port in (("old", "1"), ("new", "2"))}
+    ab.stop_engines(trees, envs)
+    assert [(cmd, cwd, env["WORKSHOP_PORT"], env["WORKSHOP_STATE_DIR"]) for cmd, cwd, env in calls] == [
+        ("down", Path("/old"), "1", "/state-old"), ("down", Path("/new"), "2", "/state-new")]
+    assert capsys.readouterr().out.count("engine stopped (pid 42)") == 2
+
+
+def test_a_terminated_run_raises_keyboard_interrupt_so_its_engines_are_stopped():
+    ab = _load()
+    import pytest
+    with pytest.raises(KeyboardInterrupt):
+        ab._interrupt(15, None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import importlib.util
 import json
 import os
 import sys
@@ -15,6 +14,7 @@ from typing import Sequence
 
 import pytest
 from fakes import fake_kubectl_on_path
+from script_module import load_script
 
 from helpers.cli.main import main
 from helpers.cluster import rehearse
@@ -22,9 +22,7 @@ from helpers.cluster.kubectl import CommandResult
 from helpers.cluster.namespaces import ParticipantStatus
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-_spec = importlib.util.spec_from_file_location("fake_kubectl", FIXTURES / "fake_kubectl.py")
-fake_kubectl = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fake_kubectl)
+fake_kubectl = load_script(FIXTURES / "fake_kubectl.py")
 
 
 def workshop() -> dict:

@@ -7,7 +7,6 @@ test reads pip's report: which torch the resolver chose, and what the script pri
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from fake_index import FakeDist, write_index
+from script_module import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 INSTALL = REPO / "install" / "install.py"
@@ -25,10 +25,7 @@ CUDA_RUNTIME = FakeDist("nvidia-cublas-cu13", "13.0.0")  # what PyPI's Linux tor
 
 
 def _load_install_module():
-    spec = importlib.util.spec_from_file_location("workshop_install", INSTALL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(INSTALL, "workshop_install")
 
 
 install = _load_install_module()

@@ -1,16 +1,14 @@
 """benchmarks/tracing_cost.py's order and arithmetic (the benchmark itself prints figures; it is not run here)."""
 
-import importlib.util
 from pathlib import Path
+
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("tracing_cost", ROOT / "benchmarks" / "tracing_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "tracing_cost.py")
 
 
 def test_runs_interleave_off_then_on_each_round():
