@@ -1,7 +1,7 @@
 """Benchmark: ``workshop bench`` against ``vllm bench serve`` on one local engine, pair by pair (prints figures).
 
 Usage: python benchmarks/compare_vllm_bench.py [--pairs 4] [--requests 64] [--concurrency 4] [--port 8790]
-                                                [--input-len 256] [--output-len 64] [--warmups 4]
+                                                [--input-len 256] [--output-len 64] [--warmups 4] [--range-ratio R]
                                                 [--workshop-args "--no-metrics"] [--json PATH] [--dry-run]
 
 Starts one local engine (the profile's baseline, its own port and state directory), then runs PAIRS pairs,
@@ -24,7 +24,10 @@ Issue 32's candidates, each undone on its own to measure what it does to the rat
 - ``--vllm-default-temperature``: vLLM's tool sends no temperature (the server's default sampling);
 - ``--same-input-len``: ours is given ``--input-len`` itself (our prompts then hold the template in those tokens);
 - ``--warmups 0`` and ``--workshop-args "--no-metrics"`` (our /metrics sampling during the run);
-- ``--requests 192`` against 64: the client's CPU per request is the slope of ``client_cpu_s``.
+- ``--requests 192`` against 64: the client's CPU per request is the slope of ``client_cpu_s``;
+- ``--range-ratio 0.25``: lengths drawn within 25% for both tools. At fixed lengths a closed loop's users finish
+  and send together (lockstep: one prefill alone, the others wait behind it); a run where a late send breaks the
+  lock reads a lower TTFT, so the two tools' figures can differ by which runs broke it (README).
 For each figure it prints ours / vLLM's per pair, their mean, the pairs' spread (half the range of the
 per-pair ratios) and "within noise" when the spread covers the difference, beside the issue's tolerance
 (5% throughput, 10% TTFT and TPOT) and the machine's kind and load (``workshop machine``). A figure, not a
@@ -125,6 +128,7 @@ def vllm_command(args: argparse.Namespace, root_url: str, model: str, tokenizer:
             "--base-url", root_url, "--endpoint", "/v1/chat/completions", "--model", model, "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(args.requests),
+            *(["--random-range-ratio", str(args.range_ratio)] if args.range_ratio else []),
             "--request-rate", "inf", "--max-concurrency", str(args.concurrency), "--num-warmups", str(args.warmups),
             *([] if args.vllm_default_temperature else ["--temperature", "0"]),
             "--seed", "0" if args.same_seed else str(pair),
@@ -132,10 +136,21 @@ def vllm_command(args: argparse.Namespace, root_url: str, model: str, tokenizer:
             "--save-result", "--result-dir", str(out_dir), "--result-filename", f"vllm-{pair}.json"]
 
 
+def length_spec(length: int, spread_tokens: int, ratio: float) -> str:
+    """``N``, or with ``--range-ratio`` the ``LOW:HIGH`` of vLLM's ``[n * (1 - r), n * (1 + r)]`` around ``length``
+    (``spread_tokens``: the n vLLM's ratio applies to; ours may be offset by the chat template's tokens)."""
+    if not ratio:
+        return str(length)
+    half = int(spread_tokens * ratio)
+    return f"{max(1, length - half)}:{length + half}"
+
+
 def workshop_command(args: argparse.Namespace, input_len: int, pair: int, out_dir: Path) -> list[str]:
     """``workshop bench`` with vLLM's requests for one pair (``--workshop-args`` appended)."""
-    return [*WORKSHOP, "bench", "--concurrency", str(args.concurrency), "--input-len", str(input_len),
-            "--output-len", str(args.output_len), "--num-requests", str(args.requests), "--warmup", str(args.warmups),
+    return [*WORKSHOP, "bench", "--concurrency", str(args.concurrency),
+            "--input-len", length_spec(input_len, args.input_len, args.range_ratio),
+            "--output-len", length_spec(args.output_len, args.output_len, args.range_ratio),
+            "--num-requests", str(args.requests), "--warmup", str(args.warmups),
             "--vllm-bench-requests", *shlex.split(args.workshop_args),
             "--json", str(out_dir / f"workshop-{pair}.jsonl")]
 
@@ -176,6 +191,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256, help="vLLM's --random-input-len (tokens)")
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--warmups", type=int, default=4)
+    parser.add_argument("--range-ratio", type=float, default=0.0,
+                        help="lengths drawn from [n(1-r), n(1+r)] for both tools (vLLM's --random-range-ratio): "
+                             "at fixed lengths a closed loop's users send in lockstep, and a run's figures depend "
+                             "on whether a late send breaks it")
     parser.add_argument("--workshop-args", default="", help='more flags for workshop bench, e.g. "--no-metrics"')
     parser.add_argument("--same-seed", action="store_true",
                         help="issue 32's runs: --seed 0 for every vLLM run (its prompts repeat: prefix-cache hits)")
@@ -242,7 +261,8 @@ def main() -> None:
     print(f"\n{args.pairs} pairs of {args.requests} requests at concurrency {args.concurrency}, "
           f"{args.warmups} warm-ups{', ' + ' '.join(undone) if undone else ''}"
           f"{', workshop ' + args.workshop_args if args.workshop_args else ''}; "
-          f"{args.input_len}-token random prompts, {args.output_len} output tokens; ratio = workshop / vllm bench, "
+          f"{args.input_len}-token random prompts, {args.output_len} output tokens"
+          f"{f' (lengths within {args.range_ratio:g} of these)' if args.range_ratio else ''}; ratio = workshop / vllm bench, "
           "mean over pairs; spread = half the range of the pairs' ratios\n" + format_table(lines))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": rows, "comparison": lines},

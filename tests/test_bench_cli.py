@@ -127,3 +127,16 @@ def test_metrics_of_a_replica_set_name_a_replica_that_cannot_be_read(fake, capsy
                                                                       "router (port 2)": "http://127.0.0.1:2/metrics"})
     assert run(["metrics"]) == 2  # no replica could be read
     assert "--- router (port 2): cannot read its /metrics: ConnectError" in capsys.readouterr().out
+
+
+def test_bench_samples_metrics_every_two_seconds_unless_told(fake, monkeypatch, capsys):
+    seen = []
+    real = bench_cli.run_sweep
+    monkeypatch.setattr(bench_cli, "run_sweep", lambda *a, **kw: seen.append(kw["sample_interval_s"]) or real(*a, **kw))
+    base = ["bench", "--concurrency", "1", "--input-len", "60", "--output-len", "4", "--num-requests", "2",
+            "--warmup", "0"]
+    assert run(base) == 0 and run([*base, "--metrics-every", "0.25"]) == 0
+    assert seen == [bench_cli.METRICS_EVERY_S, 0.25] and bench_cli.METRICS_EVERY_S == 2.0
+    with pytest.raises(SystemExit) as exit_info:
+        run([*base, "--metrics-every", "0"])
+    assert exit_info.value.code == 2 and "--metrics-every" in capsys.readouterr().err

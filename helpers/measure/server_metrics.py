@@ -10,7 +10,12 @@
   means from d(sum)/d(count) and quantiles from the bucket increases (Prometheus' histogram_quantile),
   prefix hit rate d(hits)/d(queries), spec acceptance rate d(accepted)/d(draft tokens), mean
   acceptance length 1 + d(accepted)/d(drafts).
-- ``GaugeSampler``: a thread that samples KV usage, running, waiting and preemptions during a run.
+- ``GaugeSampler``: a thread that samples KV usage, running, waiting and preemptions during a run. Between its
+  first and last scrape (whole snapshots, for ``window``) it parses only those samples' lines: vLLM renders every
+  metric on each GET (its /metrics route ignores prometheus_client's ``name[]`` filter), and parsing all of them
+  every half second held the client's GIL for about 17 ms a time, which delayed a load generator's stream reads
+  on 2 cores (issue 32: ``workshop bench`` read 6% less throughput than ``vllm bench serve`` with the full parse,
+  within 1% without sampling).
 
 ``kv_cache_usage`` is a FRACTION (0..1) despite vLLM's ``_perc`` name. Several engines (data
 parallel) are summed, except KV usage, which reports the fullest engine. Definitions: the metric
@@ -199,8 +204,32 @@ def _typed(text: str) -> Any:
     return text
 
 
-def parse_metrics(text: str, model: str | None = None, t: float | None = None) -> MetricsSnapshot:
-    """Parse a /metrics text (Prometheus exposition format) into a snapshot."""
+# The sample names GaugeSampler reads between its first and last scrape (a counter's sample carries ``_total``)
+SAMPLED = frozenset([*(name for names in GAUGES.values() for name in names),
+                     *(f"{name}_total" for name in COUNTERS["num_preemptions"])])
+
+
+def only_samples(text: str, names: frozenset[str] = SAMPLED) -> str:
+    """The lines of a /metrics text whose sample (or ``# HELP`` / ``# TYPE``) names one of ``names``: what
+    prometheus_client's ``name[]`` filter would have sent, cut on the client."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(maxsplit=3)
+            name = parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE") else ""
+        else:
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def parse_metrics(text: str, model: str | None = None, t: float | None = None,
+                  only: frozenset[str] | None = None) -> MetricsSnapshot:
+    """Parse a /metrics text (Prometheus exposition format) into a snapshot; with ``only``, just those samples'
+    lines (``only_samples``)."""
+    if only is not None:
+        text = only_samples(text, only)
     try:
         families = {f.name: f for f in text_string_to_metric_families(text)}
     except ValueError as err:
@@ -209,8 +238,9 @@ def parse_metrics(text: str, model: str | None = None, t: float | None = None) -
 
 
 def scrape(url: str, timeout_s: float = 5.0, model: str | None = None,
-           client: httpx.Client | None = None) -> MetricsSnapshot:
-    """GET ``url`` (e.g. ``settings.metrics_url``) and parse it; MetricsError when unreachable."""
+           client: httpx.Client | None = None, only: frozenset[str] | None = None) -> MetricsSnapshot:
+    """GET ``url`` (e.g. ``settings.metrics_url``) and parse it (``only``: just those samples); MetricsError when
+    unreachable."""
     try:
         resp = (client or httpx).get(url, timeout=timeout_s)
     except httpx.HTTPError as err:
@@ -218,7 +248,7 @@ def scrape(url: str, timeout_s: float = 5.0, model: str | None = None,
                            "root URL plus /metrics?") from None
     if resp.status_code >= 400:
         raise MetricsError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
-    return parse_metrics(resp.text, model)
+    return parse_metrics(resp.text, model, only=only)
 
 
 # ---------------------------------------------------------------- derived figures
@@ -318,8 +348,8 @@ SAMPLE_COLUMNS = ("t", "t_wall", "kv_cache_usage", "num_requests_running", "num_
 class GaugeSampler:
     """Samples KV usage, running, waiting and preemptions every ``interval_s`` in a thread.
 
-    ``start()`` scrapes once (``first``), ``stop()`` scrapes once more (``last``) and returns the
-    samples as a DataFrame (``t`` in perf_counter seconds). A failed scrape is counted in ``errors``
+    ``start()`` scrapes once (``first``), ``stop()`` scrapes once more (``last``), both whole snapshots, and
+    returns the samples as a DataFrame; the samples between parse only ``SAMPLED`` (see the module's note) (``t`` in perf_counter seconds). A failed scrape is counted in ``errors``
     (the last message in ``last_error``), never raised: the run it watches goes on.
     """
 
@@ -337,16 +367,16 @@ class GaugeSampler:
         self._thread: threading.Thread | None = None
         self._client: httpx.Client | None = None
 
-    def _sample(self) -> None:
+    def _sample(self, whole: bool = True) -> None:
         try:
-            snap = scrape(self.url, self.timeout_s, self.model, self._client)
+            snap = scrape(self.url, self.timeout_s, self.model, self._client, None if whole else SAMPLED)
         except MetricsError as err:
             self.errors += 1
             self.last_error = str(err)
             return
-        if self.first is None:
-            self.first = snap
-        self.last = snap
+        if whole:
+            self.first = self.first or snap
+            self.last = snap
         row: dict[str, Any] = {"t": snap.t, "t_wall": snap.t_wall}
         row.update({key: snap.gauge(key) for key in GAUGES})
         row["num_preemptions"] = snap.counter("num_preemptions")
@@ -354,7 +384,7 @@ class GaugeSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
+            self._sample(whole=self.first is None)  # whole until one scrape has given the run's start
 
     def start(self) -> "GaugeSampler":
         """Scrape once, then keep sampling in a thread until ``stop()`` (a sampler is used once)."""
