@@ -161,7 +161,7 @@ def test_on_the_cluster_the_thinking_model_is_the_baseline_and_nothing_restarts(
     assert lab.engine.applied == [] and "no restart" in capsys.readouterr().out
 
 
-def test_on_a_cpu_the_stand_in_is_served_with_the_parser_and_the_baseline_comes_back(capsys):
+def test_an_engine_that_restarts_serves_the_stand_in_with_the_parser_and_the_baseline_comes_back(capsys):
     baseline = EngineConfig("/models/tiny-agent", "tiny-agent", ("--max-model-len", "4096", *TOOL_FLAGS))
     lab = _lab(load_settings({}), baseline)
     with pytest.raises(RuntimeError, match="inside"):  # back to the baseline whatever happened in the block
@@ -172,6 +172,34 @@ def test_on_a_cpu_the_stand_in_is_served_with_the_parser_and_the_baseline_comes_
             raise RuntimeError("inside")
     assert len(lab.engine.applied) == 2 and lab.engine.applied[-1] == baseline
     assert "one restart now, and one back to tiny-agent" in capsys.readouterr().out
+
+
+def test_on_a_cpu_the_stand_in_starts_beside_the_baseline_and_the_lab_points_back_after(monkeypatch, tmp_path,
+                                                                                        capsys):
+    from helpers.engine import session
+    from helpers.engine.local import LocalEngine
+
+    monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(LocalEngine, "start", lambda self, config=None, timeout_s=None: calls.append(
+        ("start", self.settings.port, config)))
+    monkeypatch.setattr(LocalEngine, "stop", lambda self, timeout_s=None: calls.append(("stop", self.settings.port)))
+    settings = load_settings({})
+    baseline = LocalEngine(settings)
+    client = object()
+    lab = SimpleNamespace(settings=settings, engine=baseline, client=client, model="tiny-agent")
+    with pytest.raises(RuntimeError, match="inside"):
+        with thinking_model_served(lab) as model:
+            assert model == "tiny-qwen3" and lab.engine is not baseline and lab.client is not client
+            assert lab.settings.port == settings.port + session.THINKING_PORT_OFFSET
+            assert lab.settings.base_url == f"http://127.0.0.1:{lab.settings.port}/v1"
+            raise RuntimeError("inside")
+    assert (lab.settings, lab.engine, lab.client) == (settings, baseline, client)  # back, whatever happened
+    (_, port, config), stop = calls
+    assert port == settings.port + session.THINKING_PORT_OFFSET and stop == ("stop", port)
+    assert config.served_name == "tiny-qwen3" and flag_value(config.args, "--reasoning-parser") == "qwen3"
+    assert flag_value(config.args, "--kv-cache-memory-bytes") == str(session.THINKING_KV_CACHE_BYTES)
+    assert "beside tiny-agent (which keeps running): one start now" in capsys.readouterr().out
 
 
 def test_a_cpu_engine_on_the_stand_in_already_is_not_restarted():

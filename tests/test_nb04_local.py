@@ -11,7 +11,7 @@ from notebook_local import lab, no_silent_long_cells, printed, run_local  # noqa
 
 pytestmark = pytest.mark.engine
 # The smallest run that still takes every branch: two batches (a comparison per batch against the repeats' spread),
-# two repeats (a measured spread), and for thinking two questions in one round (tiny-qwen3, one restart and one back).
+# two repeats (a measured spread), and for thinking two questions in one round (tiny-qwen3, on its own engine beside the baseline).
 PARAMETERS = {"BATCHES": [1, 4], "OUTPUT_LEN": 64, "REQUESTS_PER_STREAM": 1, "REPEATS": 2,
               "THINKING_QUESTIONS": ["What's the weather in Paris?", "What is 17 times 23?"], "THINKING_ROUNDS": 1}
 
@@ -39,7 +39,7 @@ def test_notebook_04_serves_the_tiny_dense_and_moe_models_and_measures_thinking(
     assert "- Roofline on RTX 4000 Ada (computed, not measured" in text
     assert "- Published, not from this run: DeepSeek-V2" in text
     # thinking, measured: tiny-qwen3 served with the reasoning parser, a reasoning beside its answer, the verdict
-    assert "serving tiny-qwen3, the thinking stand-in, with --reasoning-parser qwen3: one restart now" in text
+    assert "serving tiny-qwen3, the thinking stand-in, with --reasoning-parser qwen3 on port" in text
     assert re.search(r"\"What's the weather in Paris\?\", thinking on: reasoning \(\d+ tokens\) [\"'].+[\"'], then \(\d+ "
                      r"tokens\)", text)  # the question's repr: in double quotes, for its apostrophe
     thought = re.search(r"What you should see: thinking costs output tokens and decode time.*\n  [✔✘~] .*: tiny-qwen3, "

@@ -136,6 +136,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from helpers.engine.local import LocalEngine
     from helpers.engine.process import describe_process, port_holder
     from helpers.engine.replicas import ReplicaSet
+    from helpers.engine.session import thinking_engine
 
     settings, engine = _engine_or_fail()
     if isinstance(engine, ReplicaSet):  # a replica set: the router, then every replica
@@ -150,6 +151,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     pid, problem = engine.pid, engine.state_problem
     engine.stop()  # also ends what is left of an engine whose server was killed
     print(f"engine stopped (pid {pid})" if pid else "no local engine was running")
+    beside = thinking_engine(settings)  # the thinking stand-in, if a notebook's kernel died inside its cell
+    if beside.pid:
+        side_pid = beside.pid
+        beside.stop()
+        print(f"the thinking stand-in on port {beside.settings.port} stopped too (pid {side_pid})")
     if problem:
         print(f"note: state file: {problem}")
     busy, holder = port_holder(settings.port)

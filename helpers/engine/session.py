@@ -10,7 +10,8 @@ refused naming the shipped models, and a remote endpoint that does not serve it 
 models it serves.
 
 ``thinking_model_served`` serves the lessons' thinking model (``helpers.core.models``, role "thinking") with vLLM's
-reasoning parser for a block, and gives the engine's configuration back after it (notebooks 01 and 04).
+reasoning parser for a block (notebooks 01 and 04): on a CPU the stand-in on its own engine beside the baseline,
+stopped after.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 import httpx
 import openai
 
-from helpers.engine.interface import Engine, EngineError, ExternalEngine, list_models, resolve_model
+from helpers.engine.interface import (Engine, EngineError, ExternalEngine, default_config, list_models,
+                                     resolve_model)
 from helpers.engine.local import LocalEngine
 from helpers.engine.replicas import ReplicaSet, replica_set_for
 from helpers.core.models import lesson_model, missing_reason
@@ -157,12 +159,48 @@ def engine_summary(settings: Settings | None = None) -> tuple[dict[str, Any], st
 REASONING_PARSER = "qwen3"  # vLLM's parser for Qwen3's <think>...</think> (k8s/base/vllm.yaml, the gpu profile)
 
 
+# The CPU stand-in's own port, past the replica set's (``workshop up --replicas``: the next 8 ports) and its router
+THINKING_PORT_OFFSET = 10
+THINKING_KV_CACHE_BYTES = 256 << 20  # one agent at a time: a quarter of the baseline's KV memory, allocated sooner
+
+
+def thinking_engine(settings: Settings) -> LocalEngine:
+    """The local engine that serves the CPU's thinking stand-in beside the baseline, on its own port and state file
+    (``workshop down`` stops it too)."""
+    port = settings.port + THINKING_PORT_OFFSET
+    return LocalEngine(replace(settings, port=port, base_url=f"http://127.0.0.1:{port}/v1",
+                               model=lesson_model("thinking", settings) or settings.model))
+
+
+@contextmanager
+def _served_beside(lab: Lab, model: str) -> Iterator[str]:
+    """The CPU profile: the stand-in on its own engine beside the baseline, which keeps running (one start, not a
+    restart there and one back); ``lab`` points at it for the block and back at the baseline after, whatever
+    happened. Its start is recorded like any other (``helpers.engine.starts``)."""
+    engine = thinking_engine(lab.settings)
+    config = default_config(engine.settings)
+    config = replace(config, args=with_flag(with_flag(config.args, "--reasoning-parser", REASONING_PARSER),
+                                            "--kv-cache-memory-bytes", str(THINKING_KV_CACHE_BYTES)))
+    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER} on port "
+          f"{engine.settings.port}, beside {lab.model} (which keeps running): one start now, stopped after this cell")
+    saved = (lab.settings, lab.engine, lab.client)
+    try:
+        engine.start(config)
+        lab.settings, lab.engine, lab.client = engine.settings, engine, make_client(engine.settings)
+        yield model
+    finally:
+        lab.settings, lab.engine, lab.client = saved
+        engine.stop()
+
+
 @contextmanager
 def thinking_model_served(lab: Lab) -> Iterator[str]:
     """Serve the lesson's thinking model (``lesson_model("thinking")``) with ``--reasoning-parser qwen3`` for the block,
     and give its name. No restart where the engine serves it so already (the gpu and k8s profiles: the baseline
-    itself); one on the cpu profile (tiny-qwen3), and one back to the configuration the engine had, whatever happened.
-    An endpoint run elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
+    itself). On the cpu profile's local engine, the stand-in (tiny-qwen3) starts on its own port beside it, ``lab``
+    points there for the block, and it stops after (``_served_beside``); another engine that can be reconfigured
+    (a replica set) restarts on it, and back to the configuration it had, whatever happened. An endpoint run
+    elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
     model = lesson_model("thinking", lab.settings)
     if model is None:
         print(missing_reason("thinking", lab.settings))
@@ -178,6 +216,10 @@ def thinking_model_served(lab: Lab) -> Iterator[str]:
         print(f"{lab.settings.base_url} is run elsewhere, so its model and flags are set where it runs: this step "
               f"asks {lab.model} to think (the thinking model here would be {model}).")
         yield lab.model
+        return
+    if lab.settings.profile == "cpu" and type(lab.engine) is LocalEngine:
+        with _served_beside(lab, model) as served:
+            yield served
         return
     print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER}: one restart now, and "
           f"one back to {before.served_name} after this cell")
