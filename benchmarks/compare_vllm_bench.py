@@ -258,11 +258,12 @@ def main() -> None:
     undone = [flag for flag, on in (("--same-seed", args.same_seed),
                                     ("--vllm-default-temperature", args.vllm_default_temperature),
                                     ("--same-input-len", args.same_input_len)) if on]
+    spread_note = f" (lengths within {args.range_ratio:g} of these)" if args.range_ratio else ""
     print(f"\n{args.pairs} pairs of {args.requests} requests at concurrency {args.concurrency}, "
           f"{args.warmups} warm-ups{', ' + ' '.join(undone) if undone else ''}"
           f"{', workshop ' + args.workshop_args if args.workshop_args else ''}; "
           f"{args.input_len}-token random prompts, {args.output_len} output tokens"
-          f"{f' (lengths within {args.range_ratio:g} of these)' if args.range_ratio else ''}; ratio = workshop / vllm bench, "
+          f"{spread_note}; ratio = workshop / vllm bench, "
           "mean over pairs; spread = half the range of the pairs' ratios\n" + format_table(lines))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": rows, "comparison": lines},

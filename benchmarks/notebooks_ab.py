@@ -38,6 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TREES = ("old", "new")
+WORKSHOP = [sys.executable, "-m", "helpers.cli.main"]  # each tree's own CLI (the tree is on PYTHONPATH)
 OK_LINE = re.compile(r"^ok\s+(\S+)\s+([0-9.]+) s\b", re.M)
 
 
@@ -64,7 +65,7 @@ def order(names: list[str], rounds: int) -> list[tuple[int, str, str]]:
 
 
 def run_command(tree: Path, name: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "helpers.cli.main", "run", f"notebooks/{name}", "--out", str(out)]
+    return [*WORKSHOP, "run", f"notebooks/{name}", "--out", str(out)]
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -74,7 +75,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def stop_engines(trees: dict[str, Path], envs: dict[str, dict[str, str]]) -> None:
     """``workshop down`` in each tree with that tree's port and state directory, saying what each stopped."""
     for tree in TREES:
-        proc = subprocess.run([sys.executable, "-m", "helpers.cli.main", "down"], cwd=trees[tree], env=envs[tree],
+        proc = subprocess.run([*WORKSHOP, "down"], cwd=trees[tree], env=envs[tree],
                               capture_output=True, text=True)
         said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
         print(f"{tree}: workshop down: {said[-1] if said else 'nothing printed'} (rc {proc.returncode})", flush=True)

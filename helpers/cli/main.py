@@ -152,8 +152,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     engine.stop()  # also ends what is left of an engine whose server was killed
     print(f"engine stopped (pid {pid})" if pid else "no local engine was running")
     beside = thinking_engine(settings)  # the thinking stand-in, if a notebook's kernel died inside its cell
-    if beside.pid:
-        side_pid = beside.pid
+    if side_pid := beside.pid:
         beside.stop()
         print(f"the thinking stand-in on port {beside.settings.port} stopped too (pid {side_pid})")
     if problem:

@@ -349,8 +349,9 @@ class GaugeSampler:
     """Samples KV usage, running, waiting and preemptions every ``interval_s`` in a thread.
 
     ``start()`` scrapes once (``first``), ``stop()`` scrapes once more (``last``), both whole snapshots, and
-    returns the samples as a DataFrame; the samples between parse only ``SAMPLED`` (see the module's note) (``t`` in perf_counter seconds). A failed scrape is counted in ``errors``
-    (the last message in ``last_error``), never raised: the run it watches goes on.
+    returns the samples as a DataFrame (``t`` in perf_counter seconds); the samples between parse only ``SAMPLED``
+    (see the module's note). A failed scrape is counted in ``errors`` (the last message in ``last_error``), never
+    raised: the run it watches goes on.
     """
 
     def __init__(self, url: str, interval_s: float = 0.5, timeout_s: float = 2.0, model: str | None = None) -> None:
