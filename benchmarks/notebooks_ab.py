@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/notebooks_ab.py [--old 6221f48] [--rounds 2] [--notebooks 03 05] [--old-port 8793]
                                          [--new-port 8794] [--json PATH] [--dry-run] [--from RUNS.jsonl]
+                                         [--first-round N]
 
 Issue 27 asks that the eight notebooks, run with their defaults, take at most 10% longer than before on the same
 quiet machine. This puts the older commit in a git worktree, gives each tree its own port and state directory
@@ -58,10 +59,10 @@ def notebooks(tree: Path, wanted: list[str]) -> list[str]:
     return names
 
 
-def order(names: list[str], rounds: int) -> list[tuple[int, str, str]]:
+def order(names: list[str], rounds: int, first: int = 0) -> list[tuple[int, str, str]]:
     """(round, notebook, tree) in the order they run: each notebook old then new, notebook after notebook,
-    then the next round."""
-    return [(r, name, tree) for r in range(rounds) for name in names for tree in TREES]
+    then the next round; rounds numbered from ``first``."""
+    return [(r, name, tree) for r in range(first, first + rounds) for name in names for tree in TREES]
 
 
 def run_command(tree: Path, name: str, out: Path) -> list[str]:
@@ -167,6 +168,8 @@ def main() -> None:
     parser.add_argument("--old", default="6221f48", help="the older commit (issue 27's 'before')")
     parser.add_argument("--old-tree", default=None, help="use this checkout of --old instead of a new worktree")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="number the rounds from N: finish a round an interrupted run left, into the same --json")
     parser.add_argument("--notebooks", nargs="*", default=[], help="number prefixes, e.g. 03 05 (default: all)")
     parser.add_argument("--old-port", default="8793")
     parser.add_argument("--new-port", default="8794")
@@ -190,7 +193,7 @@ def main() -> None:
     if not names:
         parser.error(f"no numbered notebook matches {args.notebooks}")
     if args.dry_run:
-        for rnd, name, tree in order(names, args.rounds):
+        for rnd, name, tree in order(names, args.rounds, args.first_round):
             where = f"a worktree of {args.old}" if tree == "old" else "this tree"
             print(f"round {rnd} {tree} ({where}): {shlex.join(run_command(ROOT, name, Path('OUT')))}")
         return
@@ -212,7 +215,7 @@ def main() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a killed run still stops both trees' engines (finally below)
         signal.signal(signum, _interrupt)
     try:
-        for rnd, name, tree in order(names, args.rounds):
+        for rnd, name, tree in order(names, args.rounds, args.first_round):
             started = time.perf_counter()
             proc = subprocess.run(run_command(trees[tree], name, work / f"out-{tree}-{rnd}"), cwd=trees[tree],
                                   env=envs[tree], capture_output=True, text=True)

@@ -280,12 +280,22 @@ def test_notebook_04_on_the_cluster_path(room, tmp_path, monkeypatch):
 
 def test_notebook_05_on_the_cluster_path(room, tmp_path, monkeypatch):
     # the FP8 checkpoint the room downloads; the INT8 and 4-bit roles the room lacks are skipped with their sentence;
-    # the online step is Go deeper (RUN_GO_DEEPER is off on k8s): three restarts, all on the core path
+    # the online step is Go deeper (RUN_GO_DEEPER is off on k8s): three restarts, all on the core path (the FP8
+    # checkpoint, the FP8 KV cache, the baseline back)
     text = _run(room, "05_quantization.ipynb", tmp_path, monkeypatch, {"CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8})
     assert "the room downloads no" in text and "Traceback" not in text
+    # the double's pod serves the FP8 checkpoint on this machine's CPU: measured, or, where vLLM has no fast FP8 kernel
+    # for it (about 1 token/s on an AMX machine through torch's generic FP8 path), probed and skipped as too slow
+    assert re.search(r"- RedHatAI/Qwen3-4B-FP8-dynamic: (.* eval \d+\.\d% \(95% CI|skipped\. Served, but it decodes "
+                     r"[\d.]+ tokens/s against the baseline's \d+ \(\d+x slower\))", text), text[-3000:]
     assert re.search(r"int8, per channel: relative error \d+\.\d+%", text)  # section 2 by hand, in the notebook pod
     assert "sizes on disk are not known here" in text and "The engine runs on a GPU (k8s profile)" in text
-    assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == (3, 3)
+    # the double's pod runs vLLM on this machine's CPU: on an AVX2-only CPU its vLLM refuses the FP8 KV cache (a
+    # GPU's would not), and the rollout back to the baseline is one more restart. Decided by what the pod's vLLM did,
+    # not by the probe: WORKSHOP_CPU_ISA=avx2 forces the probe's answer but not vLLM's KV-cache check.
+    refused = re.search(r"- kv-cache fp8: skipped\. vLLM refused it here: ", text)
+    assert refused or "- kv-cache fp8: KV capacity " in text, text[-3000:]  # refused, or measured
+    assert (RESTART_ROWS[-1].core, RESTART_ROWS[-1].total) == ((4, 4) if refused else (3, 3))
 
 
 def test_notebook_06_on_the_cluster_path(room, tmp_path, monkeypatch):

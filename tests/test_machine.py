@@ -63,6 +63,16 @@ def test_an_engine_elsewhere_is_not_judged_by_this_cpu():
         capability("warp_drive", cpu=cpu(AVX512_BOX))
 
 
+def test_a_flag_value_this_cpu_cannot_start_with_is_named_before_any_restart():
+    avx2, avx512 = cpu(EPYC_AVX2), cpu(AVX512_BOX)
+    for value in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert "this CPU is AVX2" in machine.flag_skip_reason("--kv-cache-dtype", value, cpu=avx2)
+        assert machine.flag_skip_reason("--kv-cache-dtype", value, cpu=avx512) is None
+    assert machine.flag_skip_reason("--kv-cache-dtype", "auto", cpu=avx2) is None  # BF16 KV runs everywhere
+    assert machine.flag_skip_reason("--max-num-seqs", "fp8", cpu=avx2) is None  # only the flag that needs it
+    assert machine.flag_skip_reason("--kv-cache-dtype", "fp8", "k8s", cpu=avx2) is None  # a GPU elsewhere
+
+
 def test_the_shipped_checkpoints_say_which_need_the_int4_kernel():
     needs = {name: model_feature(models_dir() / name) for name in
              ("tiny-agent", "tiny-agent-fp8-dynamic", "tiny-agent-w8a8", "tiny-agent-w4a16", "tiny-agent-gptq-int4")}

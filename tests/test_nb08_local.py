@@ -23,11 +23,11 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
                         "the baseline's repeated runs agree within 10%": "REPEATS 1 keeps the suite's time"},
                     parameters={"CONCURRENCIES": [1, 4], "NUM_REQUESTS": 8, "INPUT_LEN": 128, "OUTPUT_LEN": 32,
                                 "REPEATS": 1, "CORE_CANDIDATES": ["MEMORY"],
-                                "SEARCH_CANDIDATES": [["--kv-cache-dtype", "fp8"]], "STRUCTURED_TASKS": 4,
+                                "SEARCH_CANDIDATES": [["--max-num-batched-tokens", 512]], "STRUCTURED_TASKS": 4,
                                 "STRUCTURED_ROUNDS": 2, "REPLAY_COPIES": [1, 4]})
     text = printed(run)
     decisions = re.findall(r"^- (--[a-z-]+) .*: (kept|rolled back) \(", text, re.M)
-    assert [d[0] for d in decisions] == ["--kv-cache-memory-bytes", "--kv-cache-dtype"]
+    assert [d[0] for d in decisions] == ["--kv-cache-memory-bytes", "--max-num-batched-tokens"]
     slo = re.search(r"c4_p90_ttft_ms must stay <= ([\d,]+) ms \(1\.5x the baseline's\)", text)
     assert slo, text[:3000]
     baseline_p90 = float(re.search(r"^- Baseline: .* c4_p90_ttft_ms ([\d,]+) ms", text, re.M).group(1).replace(",", ""))
@@ -40,7 +40,7 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     # the mechanism cell's loop printed its decision; the search ran here, wrote the room's results file, and the
     # summary counts both candidates
     assert re.search(r"^(KEEP    |ROLLBACK) --kv-cache-memory-bytes \d+ -> \d+: ", text, re.M)
-    assert re.search(r"^(KEEP    |ROLLBACK) --kv-cache-dtype \(default\) -> fp8: ", text, re.M)
+    assert re.search(r"^(KEEP    |ROLLBACK) --max-num-batched-tokens \(default\) -> 512: ", text, re.M)
     assert re.search(r"^Wrote the search to .*08-search\.json: put it in the room's WORKSHOP_RESULTS_DIR", text, re.M)
     assert re.search(r"^- Every candidate, the core path's and Go deeper's search, from this run: [012] of 2 changes kept",
                      text, re.M)
@@ -48,7 +48,7 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     assert "Your turn (the SLO check): replace the None" in text
     assert re.search(r"✔ the SLO check: right\. On this run the limit is [\d,]+ ms \(1\.5x the baseline's\): "
                      r"--kv-cache-memory-bytes \d+ -> \d+: [\d,]+ ms, (holds|breaks)", text)
-    assert flag_value(lab.engine.args(), "--kv-cache-dtype") is None and flag_value(lab.engine.args(), "--max-num-seqs") is None
+    assert all(flag_value(lab.engine.args(), f) is None for f in ("--max-num-batched-tokens", "--max-num-seqs"))
     # the manifest exercise on the local engine: the change went through the engine, the cluster's patch is shown
     assert "through the engine interface (engine.set_flag)" in text and "kubectl diff -k my-change/" in text
     assert "What you should see: the patch changes exactly one flag (--kv-cache-memory-bytes)\n  ✔" in text
@@ -58,7 +58,7 @@ def test_notebook_08_tunes_flags_and_writes_the_result(lab, tmp_path):
     assert "--gpu-memory-utilization" in line and "--enforce-eager" not in line
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in line and "--kv-cache-memory-bytes" not in line
     assert "What you should see: the GPU command line carries none of the CPU lab's workarounds\n  ✔" in text
-    assert re.search(r"^- (--kv-cache-memory-bytes \d+: kept on the CPU, not carried over|--kv-cache-dtype fp8: kept on "
+    assert re.search(r"^- (--kv-cache-memory-bytes \d+: kept on the CPU, not carried over|--max-num-batched-tokens 512: kept on "
                      r"the CPU and carried over, measured only on the CPU|no change kept)", text, re.M)
     # structured output: the schema's answers are all valid by the eval's parser; the TPOT cost is judged
     valid = re.search(r"a JSON schema makes the answers valid\n  .*valid JSON of the schema: (\d+)/(\d+) answers "

@@ -219,3 +219,13 @@ def test_the_decode_probe_reads_the_requests_duration_not_bunched_chunk_gaps(mon
                                                                             t_done=None, error="HTTP 500"))
     with pytest.raises(RuntimeError, match="the decode probe got no timing: HTTP 500"):
         l05.decode_rate_tok_s(lab)
+
+
+def test_size_check_on_an_engine_elsewhere_says_why_even_when_no_checkpoint_was_measured():
+    # the FP8 checkpoint skipped as too slow on the cluster double's CPU pod: the baseline's size is still unknown here,
+    # which is the reason to give, not a lack of data the run could have had
+    seen, detail = size_check([{"config": "bf16 (baseline)"}])
+    assert seen is None and "not on this machine" in detail
+    seen, detail = size_check([row("bf16", 1, size=10.0)])  # the local path with every checkpoint skipped
+    assert seen is None and detail == "no quantized checkpoint was measured in this run"
+    assert size_check([]) == (None, "no quantized checkpoint was measured in this run")

@@ -298,3 +298,23 @@ def test_a_roll_back_that_reorders_the_flags_is_the_same_configuration_and_resta
     with baseline_restored(engine, base, show=lambda _: None):
         engine.set_flag("--max-num-seqs", 16)
     assert len(engine.applied) == 2 and same_configuration(engine.config(), base)
+
+
+from helpers.lessons.l08_tuning import candidate_flags  # noqa: E402
+
+CANDIDATES = ["MEMORY", ("--max-num-seqs", 32), ("--kv-cache-dtype", "fp8")]
+MEMORY = ("--kv-cache-memory-bytes", 2 << 30)
+
+
+def test_a_candidate_this_cpu_cannot_start_with_is_left_out_with_its_sentence(monkeypatch):
+    said: list[str] = []
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx2")
+    assert candidate_flags(CANDIDATES, MEMORY, "cpu", show=said.append) == [MEMORY, ("--max-num-seqs", 32)]
+    [line] = said
+    assert line.startswith("Left out: --kv-cache-dtype fp8. This step needs x86 with AVX-512 or AMX")
+    # the same list where the CPU has it, on a GPU profile, and without a profile (as the mechanism tests call it)
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx512")
+    assert candidate_flags(CANDIDATES, MEMORY, "cpu", show=said.append) == [MEMORY, *CANDIDATES[1:]]
+    monkeypatch.setenv("WORKSHOP_CPU_ISA", "avx2")
+    assert candidate_flags(CANDIDATES, MEMORY, "k8s", show=said.append) == [MEMORY, *CANDIDATES[1:]]
+    assert candidate_flags(CANDIDATES, MEMORY, show=said.append) == [MEMORY, *CANDIDATES[1:]] and len(said) == 1

@@ -181,6 +181,18 @@ def capability(feature: str, profile: str = "cpu", cpu: CpuInfo | None = None) -
                       f"so it is skipped. Elsewhere: {spec.elsewhere}.")
 
 
+# The KV-cache dtypes that need a CPU feature: vLLM's CPU build refuses them at start-up elsewhere.
+KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
+
+
+def flag_skip_reason(flag: str, value: Any, profile: str = "cpu", cpu: CpuInfo | None = None) -> str | None:
+    """None when this profile's engine can start with ``flag value``; else the one sentence that says why not (a
+    value that needs a CPU feature this machine lacks, decided before any restart)."""
+    feature = KV_DTYPE_FEATURE.get(str(value)) if flag == "--kv-cache-dtype" else None
+    found = capability(feature, profile, cpu) if feature else None
+    return None if found is None or found.ok else found.reason
+
+
 def model_feature(model_dir: Path) -> str | None:
     """The feature a checkpoint needs beyond plain BF16, read from its config.json's quantization_config."""
     import json

@@ -26,7 +26,7 @@ from helpers.core.lesson import check_exercise, check_prediction, should_see, sh
 from helpers.core.models import by_profile, lesson_model, lesson_models, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.evals.scorecard import size_on_disk_mb
-from helpers.hardware.machine import capability, model_feature
+from helpers.hardware.machine import KV_DTYPE_FEATURE, capability, model_feature
 from helpers.lessons import plots
 from helpers.lessons.l04_cache_fit import engine_cache_fit
 from helpers.lessons.l05_quantize_by_hand import (INT4_HINT, checkpoint_tensor_bytes, int4_bytes_check, load_weight,
@@ -49,7 +49,6 @@ __all__ = [  # this module's own, then what notebook 05 uses from the floors bel
     "INT4_HINT", "checkpoint_tensor_bytes", "int4_bytes_check", "load_weight", "quantization_errors",  # by hand
 ]
 
-KV_DTYPE_FEATURE = {"fp8": "fp8_kv_cache", "fp8_e4m3": "fp8_kv_cache", "fp8_e5m2": "fp8_kv_cache"}
 BASELINE_NAME = "bf16 (baseline)"
 # One published GPU figure for FP8 weights+activations, shown beside this run's CPU number, labelled as not from it.
 PUBLISHED_FP8 = {
@@ -373,7 +372,8 @@ def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
     None when no checkpoint with a size was measured."""
     base = rows[0].get("size_on_disk_mb") if rows else None
     sized = [(r["config"], r["size_on_disk_mb"]) for r in rows[1:] if r.get("size_on_disk_mb")]
-    if len(rows) > 1 and not base:  # an engine elsewhere (gpu, k8s) reads hub ids from its own volume, not from here
+    if rows and not base:  # an engine elsewhere (gpu, k8s) reads hub ids from its own volume, not from here: no
+        # size is known whether or not a checkpoint was measured (one too slow on the CPU double's pod, say)
         return None, ("the checkpoints' files are not on this machine (the engine reads them from its own model "
                       "volume), so their sizes on disk are not known here")
     if not base or not sized:

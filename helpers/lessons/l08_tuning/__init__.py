@@ -38,7 +38,7 @@ from helpers.engine.k8s_change import change_one_flag
 from helpers.evals.structured import FREE, SCHEMA, run_structured_ab
 from helpers.evals.structured import summary as structured_summary
 from helpers.evals.suite import compare as compare_evals
-from helpers.hardware.machine import check_quiet
+from helpers.hardware.machine import check_quiet, flag_skip_reason
 from helpers.measure.results_file import ResultsError, load_results, provenance, write_results
 from helpers.lessons.l08_tuning.replay import (AGENT_INSTRUCTIONS, Recording, RecordingLab, knee_conclusion, later_turn_conclusion,
                                                load_conclusion, prefix_conclusion, replay_command, replay_conclusions,
@@ -380,9 +380,20 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
     return TuningRun(current, current_eval, lab.engine.config(), changes)
 
 
-def candidate_flags(candidates: list[Any], memory_knob: tuple[str, Any]) -> list[tuple[str, Any]]:
-    """The (flag, value) pairs of a parameters cell's candidates: ``"MEMORY"`` stands for the profile's memory knob."""
-    return [tuple(memory_knob) if c == "MEMORY" else tuple(c) for c in candidates]
+def candidate_flags(candidates: list[Any], memory_knob: tuple[str, Any], profile: str | None = None,
+                    show: Callable[[str], None] = print) -> list[tuple[str, Any]]:
+    """The (flag, value) pairs of a parameters cell's candidates: ``"MEMORY"`` stands for the profile's memory knob.
+    With ``profile``, a candidate this engine cannot start with (``flag_skip_reason``: the FP8 KV cache on an
+    AVX2-only CPU) is left out with its sentence, before any restart vLLM would refuse."""
+    pairs = [tuple(memory_knob) if c == "MEMORY" else tuple(c) for c in candidates]
+    kept = []
+    for flag, value in pairs:
+        reason = flag_skip_reason(flag, value, profile) if profile else None
+        if reason:
+            show(f"Left out: {flag} {value}. {reason}")
+        else:
+            kept.append((flag, value))
+    return kept
 
 
 def resume(engine: Any, config: EngineConfig) -> None:
