@@ -188,6 +188,24 @@ def test_writing_the_time_lines_changes_only_that_line_and_the_check_then_passes
         f"09_lesson.ipynb: not in the record; regenerate it with `{ct.GENERATED_BY}`"]
 
 
+def test_a_time_line_whose_paragraph_runs_on_is_named(tmp_path):
+    # a typed Time line over two lines, regenerated: the writer replaces its first line and the second is left behind
+    path = tmp_path / "09_lesson.ipynb"
+    nb = synthetic()
+    nb.cells[0].source = nb.cells[0].source.replace("(typed by hand).", "(typed by hand), restarting\nthe engine twice.")
+    nbformat.write(nb, path)
+    record = json.loads(json.dumps(_record([ct.course_time("09_lesson", nb, None, None)])))
+    assert ct.write_time_lines([path], record) == [path]
+    assert ct.time_line_problems([path], record) == [
+        "09_lesson.ipynb: the line after its Time line continues that paragraph ('the engine twice.'); "
+        f"`{ct.GENERATED_BY}` replaces one line, so this is what an older, longer Time line left: delete it or leave a "
+        "blank line between"]
+    fixed = nbformat.read(path, as_version=4)
+    fixed.cells[0].source = fixed.cells[0].source.replace("\nthe engine twice.", "")
+    nbformat.write(fixed, path)
+    assert ct.time_line_problems([path], record) == []
+
+
 def test_a_missing_or_damaged_record_says_how_to_make_one(tmp_path):
     with pytest.raises(ct.CourseTimeError, match="run `workshop course-time --write`"):
         ct.read_record(tmp_path / "course_time.json")

@@ -398,7 +398,17 @@ def time_line_problems(paths: Sequence[Path], record: dict[str, Any]) -> list[st
         elif found[0][1] != want:
             problems.append(f"{path.name}: its Time line is not the record's; run `{GENERATED_BY}` "
                             f"(has {found[0][1][:80]!r}...)")
+        elif runs_on := _run_on(nbformat.read(path, as_version=4).cells[found[0][0]].source, found[0][1]):
+            problems.append(f"{path.name}: the line after its Time line continues that paragraph ({runs_on!r}); "
+                            f"`{GENERATED_BY}` replaces one line, so this is what an older, longer Time line left: "
+                            f"delete it or leave a blank line between")
     return problems
+
+
+def _run_on(source: str, line: str) -> str:
+    """The line that follows ``line`` in the same markdown paragraph ("" when a blank line or the cell's end comes)."""
+    rest = source.split(line, 1)[1].removeprefix("\n")
+    return rest.split("\n", 1)[0].strip()
 
 
 def write_time_lines(paths: Sequence[Path], record: dict[str, Any]) -> list[Path]:
