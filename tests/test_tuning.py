@@ -9,7 +9,7 @@ import pytest
 
 from fakes import RecordingEngine
 
-from helpers.lessons.l08_tuning import Decision, Rule, TuningLog, command_line, decide, manifest_patch
+from helpers.lessons.l08_tuning import Decision, Rule, TuningLog, candidate_flags, command_line, decide, manifest_patch
 
 RULE = Rule(speed="c16_output_tok_s", latency="c16_p90_ttft_ms", max_latency_ms=1000, min_gain=0.03)
 BASE = {"c16_output_tok_s": 1000.0, "c16_p90_ttft_ms": 400.0, "kv_capacity_tokens": 1000}
@@ -299,8 +299,6 @@ def test_a_roll_back_that_reorders_the_flags_is_the_same_configuration_and_resta
         engine.set_flag("--max-num-seqs", 16)
     assert len(engine.applied) == 2 and same_configuration(engine.config(), base)
 
-
-from helpers.lessons.l08_tuning import candidate_flags  # noqa: E402
 
 CANDIDATES = ["MEMORY", ("--max-num-seqs", 32), ("--kv-cache-dtype", "fp8")]
 MEMORY = ("--kv-cache-memory-bytes", 2 << 30)

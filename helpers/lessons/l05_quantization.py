@@ -26,7 +26,7 @@ from helpers.core.lesson import check_exercise, check_prediction, should_see, sh
 from helpers.core.models import by_profile, lesson_model, lesson_models, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.evals.scorecard import size_on_disk_mb
-from helpers.hardware.machine import KV_DTYPE_FEATURE, capability, model_feature
+from helpers.hardware.machine import KV_DTYPE_FEATURE, capability, flag_skip_reason, model_feature
 from helpers.lessons import plots
 from helpers.lessons.l04_cache_fit import engine_cache_fit
 from helpers.lessons.l05_quantize_by_hand import (INT4_HINT, checkpoint_tensor_bytes, int4_bytes_check, load_weight,
@@ -63,13 +63,11 @@ PUBLISHED_FP8 = {
 
 def skip_reason(profile: str, model_dir: Path | None = None, kv_cache_dtype: str | None = None) -> str | None:
     """None when this engine can serve the checkpoint / KV dtype; else the one sentence that says why not."""
-    needs = [model_feature(model_dir) if model_dir is not None and model_dir.is_dir() else None,
-             KV_DTYPE_FEATURE.get(kv_cache_dtype or "")]
-    for need in filter(None, needs):
-        found = capability(need, profile)
-        if not found.ok:
-            return found.reason
-    return None
+    need = model_feature(model_dir) if model_dir is not None and model_dir.is_dir() else None
+    found = capability(need, profile) if need else None
+    if found is not None and not found.ok:
+        return found.reason
+    return flag_skip_reason("--kv-cache-dtype", kv_cache_dtype, profile) if kv_cache_dtype else None
 
 
 def decode_rate_tok_s(lab: Lab, tokens: int = 32) -> float:
