@@ -51,3 +51,17 @@ def test_interleave_runs_a_b_a_b_and_keeps_partial_results_on_failure():
     assert order == ["A", "B", "A", "B"]
     assert info.value.partial == {"A": [1, 3], "B": [2]}
     assert interleave({"A": lambda: 1, "B": lambda: 2}, repeats=2) == {"A": [1, 1], "B": [2, 2]}
+
+
+def test_mirrored_rounds_start_where_the_round_before_ended():
+    order = []
+
+    def run(name):
+        return lambda: order.append(name) or len(order)
+
+    results = interleave({n: run(n) for n in "ABC"}, repeats=3, mirrored=True)
+    assert "".join(order) == "ABCCBAABC"  # a switch saved at each round's turn, every side in every round
+    assert results == {"A": [1, 6, 7], "B": [2, 5, 8], "C": [3, 4, 9]}
+    order.clear()
+    interleave({n: run(n) for n in "AB"}, repeats=2)
+    assert order == ["A", "B", "A", "B"]  # not mirrored unless asked

@@ -202,6 +202,49 @@ def test_on_a_cpu_the_stand_in_starts_beside_the_baseline_and_the_lab_points_bac
     assert "beside tiny-agent (which keeps running): one start now" in capsys.readouterr().out
 
 
+def test_on_a_cpu_a_traced_copy_of_the_baseline_starts_beside_it_once(monkeypatch, tmp_path, capsys):
+    """Tracing on the CPU: one start of the baseline's configuration with the tracing flag and environment, on the port
+    beside it (a quarter of the KV memory), stopped after; no restart of the baseline itself."""
+    from helpers.engine import session
+    from helpers.engine.local import LocalEngine
+    from helpers.engine.trace_store import TRACES_FLAG, TRACING_ENV, with_tracing
+
+    monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(LocalEngine, "start", lambda self, config=None, timeout_s=None: calls.append(
+        ("start", self.settings.port, self.settings.model, config)))
+    monkeypatch.setattr(LocalEngine, "stop", lambda self, timeout_s=None: calls.append(("stop", self.settings.port)))
+    monkeypatch.setattr(LocalEngine, "config", lambda self: EngineConfig(
+        "/models/tiny-agent", "tiny-agent", ("--kv-cache-memory-bytes", str(1 << 30), *TOOL_FLAGS)))
+    settings = load_settings({})
+    baseline = LocalEngine(settings)
+    lab = SimpleNamespace(settings=settings, engine=baseline, client=object(), model="tiny-agent")
+    traced = with_tracing(baseline.config(), "http://127.0.0.1:6006/v1/traces")
+    with session.served_for_the_block(lab, traced, "tiny-agent with tracing on"):
+        assert lab.engine is not baseline and lab.settings.port == settings.port + session.THINKING_PORT_OFFSET
+    assert lab.engine is baseline and lab.settings is settings
+    (_, port, model, config), stop = calls
+    assert model == "tiny-agent" and stop == ("stop", port)
+    assert flag_value(config.args, TRACES_FLAG) == "http://127.0.0.1:6006/v1/traces"
+    assert set(TRACING_ENV) <= set(config.env) and config.model == "/models/tiny-agent"
+    assert flag_value(config.args, "--kv-cache-memory-bytes") == str(session.THINKING_KV_CACHE_BYTES)
+    assert "beside tiny-agent (which keeps running): one start now" in capsys.readouterr().out
+
+
+def test_elsewhere_a_configuration_for_the_block_is_a_restart_and_one_back_whatever_happened(capsys):
+    from helpers.engine.session import served_for_the_block
+
+    baseline = EngineConfig("/models/tiny-agent", "tiny-agent", TOOL_FLAGS)
+    lab = _lab(load_settings({"WORKSHOP_PROFILE": "gpu"}), baseline)
+    traced = replace(baseline, args=(*TOOL_FLAGS, "--otlp-traces-endpoint", "http://x/v1/traces"))
+    with pytest.raises(RuntimeError, match="inside"):
+        with served_for_the_block(lab, traced, "tiny-agent with tracing on"):
+            assert lab.engine.config() == traced
+            raise RuntimeError("inside")
+    assert lab.engine.applied == [traced, baseline]
+    assert "one restart now, and one back to tiny-agent" in capsys.readouterr().out
+
+
 def test_a_cpu_engine_on_the_stand_in_already_is_not_restarted():
     config = EngineConfig("/models/tiny-qwen3", "tiny-qwen3", (*TOOL_FLAGS, "--reasoning-parser", "qwen3"))
     lab = _lab(load_settings({}), config)

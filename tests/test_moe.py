@@ -215,3 +215,44 @@ def test_on_a_gpu_the_cache_sentence_says_where_the_weights_are_read():
     lab = SimpleNamespace(settings=SimpleNamespace(profile="k8s"))
     text = engine_cache_fit(lab, ["Qwen/Qwen3-4B", None]).text
     assert text.startswith("The engine runs on a GPU (k8s profile)") and "Qwen/Qwen3-4B 8.0 GB" in text
+
+
+def test_on_a_cpu_the_moe_starts_once_beside_the_dense_baseline_and_each_run_reads_its_own_engine(monkeypatch, tmp_path):
+    """The cpu profile's local engine: the MoE on the port beside the baseline for the whole comparison (one start, no
+    restart of the baseline, stopped after), each round's run pointed at its model's engine."""
+    from helpers.core.settings import load_settings
+    from helpers.engine import session
+    from helpers.engine.local import LocalEngine
+    from helpers.lessons import l04_moe as moe
+    from helpers.measure import bench_results, loadgen, server_metrics
+
+    monkeypatch.setenv("WORKSHOP_STATE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(LocalEngine, "start", lambda self, config=None, timeout_s=None: calls.append(
+        ("start", self.settings.port, config.served_name)))
+    monkeypatch.setattr(LocalEngine, "stop", lambda self, timeout_s=None: calls.append(("stop", self.settings.port)))
+    monkeypatch.setattr(LocalEngine, "apply", lambda self, config, timeout_s=None: calls.append(("restart",)))
+    loads = []
+    monkeypatch.setattr(loadgen, "run_load", lambda settings, *a, model, prompts: loads.append((settings.port, model)))
+    monkeypatch.setattr(loadgen, "prompt_factory", lambda settings, model: None)
+    monkeypatch.setattr(bench_results, "summarize", lambda runs: {"output_throughput": 1.0, "median_tpot_ms": 1.0})
+    monkeypatch.setattr(server_metrics, "scrape", lambda url: url)
+    monkeypatch.setattr(server_metrics, "window", lambda a, b: {"itl_mean_s": 0.01})
+
+    class Lab:  # as helpers.engine.session.Lab: the model follows the engine
+        def __init__(self, settings):
+            self.settings, self.engine, self.client = settings, LocalEngine(settings), object()
+
+        @property
+        def model(self):
+            return self.settings.model
+
+    settings = load_settings({})
+    lab = Lab(settings)
+    baseline_engine = lab.engine
+    runs = moe.measure_decode(lab, ["tiny-agent", "tiny-moe"], [1], 8, 8, 1, 1, 2, 10.0)
+    beside = settings.port + session.THINKING_PORT_OFFSET
+    assert calls == [("start", beside, "tiny-moe"), ("stop", beside)]  # no restart of the baseline
+    assert loads == [(settings.port, "tiny-agent"), (beside, "tiny-moe")] * 2  # two rounds, each on its engine
+    assert list(runs.model) == ["tiny-agent", "tiny-agent", "tiny-moe", "tiny-moe"]
+    assert lab.engine is baseline_engine and lab.settings is settings

@@ -236,6 +236,63 @@ def test_run_methods_starts_a_method_with_its_environment_and_the_others_without
     assert state["config"].args == ("--enforce-eager",)
 
 
+def _spec_engine():
+    """An engine whose --speculative-config is set by set_flag, each change recorded as a restart."""
+    flags: dict[str, str | None] = {"--speculative-config": None}
+    restarts: list[str | None] = []
+
+    def set_flag(flag, value):
+        flags[flag] = value
+        restarts.append(value)
+    engine = SimpleNamespace(args=lambda: [a for k, v in flags.items() if v for a in (k, v)], set_flag=set_flag)
+    return engine, flags, restarts
+
+
+@pytest.mark.parametrize("repeats", [1, 2, 3])
+def test_the_method_grid_completes_round_one_then_runs_back_to_the_baseline_with_no_restart_wasted(monkeypatch,
+                                                                                                   repeats):
+    import pandas as pd
+
+    import helpers.lessons.l06.runs as runs_module
+    from helpers.lessons.l06 import complete_rounds
+
+    engine, flags, restarts = _spec_engine()
+    measured = []
+    monkeypatch.setattr(runs_module, "measure_speculation", lambda lab, name, cs, w, r: measured.append(
+        (name, flags["--speculative-config"])) or [{"config": name, "concurrency": 1, "output_tok_s": 1.0}])
+    methods = {BASELINE: None, "aligned": "{a}", "misaligned": "{m}", "ngram": "{n}"}
+    done = pd.DataFrame([{"config": BASELINE, "concurrency": 1, "output_tok_s": 1.0, "repeat": 1},
+                         {"config": "aligned", "concurrency": 1, "output_tok_s": 1.0, "repeat": 1}])
+    grid = complete_rounds(SimpleNamespace(engine=engine), methods, done, [1], None, repeats, 1)
+    assert all(config == methods[name] for name, config in measured)  # each measured on its own engine
+    assert flags["--speculative-config"] is None  # left on the baseline
+    assert grid.groupby("config").size().to_dict() == {name: repeats for name in methods}
+    rounds = [["misaligned", "ngram"], ["ngram", "misaligned", "aligned", BASELINE],
+              [BASELINE, "aligned", "misaligned", "ngram"]]
+    assert [name for name, _ in measured] == [n for r in rounds[:repeats] for n in r]
+    # round 1's two, then from ngram (no restart) back to the baseline it measures last (no restart to go back);
+    # a third round starts on that baseline and goes back at its end
+    assert restarts == {1: ["{m}", "{n}", None], 2: ["{m}", "{n}", "{m}", "{a}", None],
+                        3: ["{m}", "{n}", "{m}", "{a}", None, "{a}", "{m}", "{n}", None]}[repeats]
+
+
+def test_a_failed_method_puts_the_engine_back_even_when_asked_to_stay(monkeypatch):
+    import helpers.lessons.l06.runs as runs_module
+
+    engine, flags, _ = _spec_engine()
+
+    def measure(lab, name, cs, w, r):
+        if name == "ngram":
+            raise RuntimeError("the engine died")
+        return [{"config": name, "concurrency": 1, "output_tok_s": 1.0}]
+    monkeypatch.setattr(runs_module, "measure_speculation", measure)
+    with pytest.raises(RuntimeError):
+        run_methods(SimpleNamespace(engine=engine), {"aligned": "{a}", "ngram": "{n}"}, [1], None, 1, 1, back=False)
+    assert flags["--speculative-config"] is None
+    run_methods(SimpleNamespace(engine=engine), {"aligned": "{a}"}, [1], None, 1, 1, back=False)
+    assert flags["--speculative-config"] == "{a}"  # stays on the last method for the caller to go on from
+
+
 def test_the_sampler_takes_three_samples_on_the_baseline_and_one_on_the_draft():
     completions, store = _FakeCompletions(), {}
     lab = SimpleNamespace(model="m", client=SimpleNamespace(completions=completions))

@@ -81,9 +81,12 @@ def compare_samples(a: Sequence[float | None], b: Sequence[float | None], higher
 
 
 def interleave(runs: dict[str, Callable[[], T]], repeats: int, desc: str = "runs",
-               progress: bool | None = None) -> dict[str, list[T]]:
+               progress: bool | None = None, mirrored: bool = False) -> dict[str, list[T]]:
     """Run each configuration once per round, in the given order, for ``repeats`` rounds (A B A B ...):
     a drift of the machine during the runs hits every side alike. Returns each side's results in order.
+    ``mirrored``: every second round runs in reverse (A B B A A B ...), so a round starts on the configuration the
+    one before ended on; where each switch is an engine restart, that saves one per round, and a steady drift
+    still hits every side alike.
     A bar named ``desc`` shows the configuration and round being run (in a notebook, or with ``progress``).
 
     If a run raises, the results so far are kept on the exception (``err.partial``) and it propagates."""
@@ -91,7 +94,8 @@ def interleave(runs: dict[str, Callable[[], T]], repeats: int, desc: str = "runs
 
     results: dict[str, list[T]] = {name: [] for name in runs}
     rounds = max(1, repeats)
-    order = [(r, name) for r in range(rounds) for name in runs]
+    names = list(runs)
+    order = [(r, name) for r in range(rounds) for name in (names[::-1] if mirrored and r % 2 else names)]
     for r, name in steps(order, desc, "run", progress, label=lambda step: f"{step[1]}, round {step[0] + 1}/{rounds}"):
         try:
             results[name].append(runs[name]())

@@ -141,20 +141,22 @@ def _dump(data: Any) -> str:
 
 
 def change_one_flag(engine: Engine, flag: str, value: Any, model: str | None = None,
-                    show: Callable[[str], None] = print) -> ManifestChange:
+                    show: Callable[[str], None] = print, base: EngineConfig | None = None) -> ManifestChange:
     """Change one vLLM flag of ``engine`` and return what was done: on the Kubernetes backend with kubectl
-    diff/apply/rollout status; on any other, with ``engine.set_flag`` and the equivalent patch rendered for
-    the cluster's ``model`` (None: the engine's own served name)."""
+    diff/apply/rollout status; on any other, with ``engine.apply`` and the equivalent patch rendered for
+    the cluster's ``model`` (None: the engine's own served name). ``base``: the configuration to change from
+    (default: the one the engine runs), e.g. the last one kept when the engine still runs a candidate rolled back:
+    one restart sets the flag back and the next one."""
     from helpers.engine.k8s import KubernetesEngine
 
-    before = engine.config()
+    before = base or engine.config()
     after = replace(before, args=with_flag(before.args, flag, value))
     if isinstance(engine, KubernetesEngine):
         return _change_on_cluster(engine, flag, value, before, after, show)
     shown = replace(after, model=model or after.served_name, served_name=model or after.served_name)
     change = ManifestChange(flag, value, before, after, _dump(deployment_patch(shown)), _dump(kustomization()),
                             kubectl_commands("<your namespace>", "my-change/"), on_cluster=False)
-    engine.set_flag(flag, value)
+    engine.apply(after)
     return change
 
 

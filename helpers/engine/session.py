@@ -16,7 +16,7 @@ stopped after.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,7 +30,7 @@ from helpers.engine.local import LocalEngine
 from helpers.engine.replicas import ReplicaSet, replica_set_for
 from helpers.core.models import lesson_model, missing_reason
 from helpers.core.settings import Settings, load_settings
-from helpers.core.vllm_args import flag_value, with_flag
+from helpers.core.vllm_args import EngineConfig, flag_value, with_flag
 from helpers.core.errors import WorkshopError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -159,38 +159,68 @@ def engine_summary(settings: Settings | None = None) -> tuple[dict[str, Any], st
 REASONING_PARSER = "qwen3"  # vLLM's parser for Qwen3's <think>...</think> (k8s/base/vllm.yaml, the gpu profile)
 
 
-# The CPU stand-in's own port, past the replica set's (``workshop up --replicas``: the next 8 ports) and its router
+# The port of an engine a step serves beside the baseline on the CPU (the thinking stand-in, a traced copy), past the
+# replica set's (``workshop up --replicas``: the next 8 ports) and its router
 THINKING_PORT_OFFSET = 10
 THINKING_KV_CACHE_BYTES = 256 << 20  # one agent at a time: a quarter of the baseline's KV memory, allocated sooner
 
 
-def thinking_engine(settings: Settings) -> LocalEngine:
-    """The local engine that serves the CPU's thinking stand-in beside the baseline, on its own port and state file
-    (``workshop down`` stops it too)."""
+def thinking_engine(settings: Settings, model: str | None = None) -> LocalEngine:
+    """The local engine that serves beside the baseline on its own port and state file (``workshop down`` stops it
+    too): the CPU's thinking stand-in, or ``model``."""
     port = settings.port + THINKING_PORT_OFFSET
     return LocalEngine(replace(settings, port=port, base_url=f"http://127.0.0.1:{port}/v1",
-                               model=lesson_model("thinking", settings) or settings.model))
+                               model=model or lesson_model("thinking", settings) or settings.model))
+
+
+def beside_possible(lab: Lab) -> bool:
+    """Can a step serve its configuration beside the baseline (the cpu profile's local engine), not instead of it?"""
+    return lab.settings.profile == "cpu" and type(lab.engine) is LocalEngine
 
 
 @contextmanager
-def _served_beside(lab: Lab, model: str) -> Iterator[str]:
-    """The CPU profile: the stand-in on its own engine beside the baseline, which keeps running (one start, not a
-    restart there and one back); ``lab`` points at it for the block and back at the baseline after, whatever
-    happened. Its start is recorded like any other (``helpers.engine.starts``)."""
-    engine = thinking_engine(lab.settings)
-    config = default_config(engine.settings)
-    config = replace(config, args=with_flag(with_flag(config.args, "--reasoning-parser", REASONING_PARSER),
-                                            "--kv-cache-memory-bytes", str(THINKING_KV_CACHE_BYTES)))
-    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER} on port "
-          f"{engine.settings.port}, beside {lab.model} (which keeps running): one start now, stopped after this cell")
+def served_beside(lab: Lab, config: EngineConfig, what: str,
+                  kv_cache_bytes: int = THINKING_KV_CACHE_BYTES) -> Iterator[Callable[[bool], None]]:
+    """The CPU profile: ``config`` on its own engine beside the baseline, which keeps running (one start, not a
+    restart there and one back), with ``kv_cache_bytes`` of KV memory (default a quarter of the baseline's); ``lab``
+    points at it for the block (``point(False)`` points it back at the baseline, ``point(True)`` at it again: a
+    comparison alternates with no restart) and at the baseline after, whatever happened. Its start is recorded like
+    any other (``helpers.engine.starts``)."""
+    engine = thinking_engine(lab.settings, config.served_name)
+    config = replace(config, args=with_flag(config.args, "--kv-cache-memory-bytes", str(kv_cache_bytes)))
+    print(f"serving {what} on port {engine.settings.port}, beside {lab.model} (which keeps running): one start now, "
+          "stopped after this cell")
     saved = (lab.settings, lab.engine, lab.client)
+    beside = (engine.settings, engine, make_client(engine.settings))
+
+    def point(at_beside: bool) -> None:
+        lab.settings, lab.engine, lab.client = beside if at_beside else saved
+
     try:
         engine.start(config)
-        lab.settings, lab.engine, lab.client = engine.settings, engine, make_client(engine.settings)
-        yield model
+        point(True)
+        yield point
     finally:
-        lab.settings, lab.engine, lab.client = saved
+        point(False)
         engine.stop()
+
+
+@contextmanager
+def served_for_the_block(lab: Lab, config: EngineConfig, what: str) -> Iterator[None]:
+    """``lab`` on ``config`` for the block: on the cpu profile's local engine a second engine beside the baseline (one
+    start; ``served_beside``), on another engine that can be reconfigured a restart on it and one back to the
+    configuration it had, whatever happened."""
+    if beside_possible(lab):
+        with served_beside(lab, config, what):
+            yield
+        return
+    before = lab.engine.config()
+    print(f"serving {what}: one restart now, and one back to {before.served_name} after this cell")
+    lab.engine.apply(config)
+    try:
+        yield
+    finally:
+        lab.engine.apply(before)
 
 
 @contextmanager
@@ -198,8 +228,8 @@ def thinking_model_served(lab: Lab) -> Iterator[str]:
     """Serve the lesson's thinking model (``lesson_model("thinking")``) with ``--reasoning-parser qwen3`` for the block,
     and give its name. No restart where the engine serves it so already (the gpu and k8s profiles: the baseline
     itself). On the cpu profile's local engine, the stand-in (tiny-qwen3) starts on its own port beside it, ``lab``
-    points there for the block, and it stops after (``_served_beside``); another engine that can be reconfigured
-    (a replica set) restarts on it, and back to the configuration it had, whatever happened. An endpoint run
+    points there for the block, and it stops after; another engine that can be reconfigured (a replica set) restarts
+    on it, and back to the configuration it had, whatever happened (``served_for_the_block``). An endpoint run
     elsewhere serves what it serves: the block runs on its model, and the line printed says so."""
     model = lesson_model("thinking", lab.settings)
     if model is None:
@@ -217,15 +247,9 @@ def thinking_model_served(lab: Lab) -> Iterator[str]:
               f"asks {lab.model} to think (the thinking model here would be {model}).")
         yield lab.model
         return
-    if lab.settings.profile == "cpu" and type(lab.engine) is LocalEngine:
-        with _served_beside(lab, model) as served:
-            yield served
-        return
-    print(f"serving {model}, the thinking stand-in, with --reasoning-parser {REASONING_PARSER}: one restart now, and "
-          f"one back to {before.served_name} after this cell")
-    lab.engine.apply(replace(before, model=resolve_model(model, lab.settings.profile), served_name=model,
-                             args=with_flag(before.args, "--reasoning-parser", REASONING_PARSER)))
-    try:
+    base = default_config(thinking_engine(lab.settings).settings) if beside_possible(lab) else before
+    config = replace(base, model=resolve_model(model, lab.settings.profile), served_name=model,
+                     args=with_flag(base.args, "--reasoning-parser", REASONING_PARSER))
+    with served_for_the_block(lab, config, f"{model}, the thinking stand-in, with --reasoning-parser "
+                                           f"{REASONING_PARSER}"):
         yield model
-    finally:
-        lab.engine.apply(before)

@@ -30,7 +30,7 @@ from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
 from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
                                  show_conclusions)
 from helpers.core.progress import steps
-from helpers.engine.session import REASONING_PARSER, thinking_model_served
+from helpers.engine.session import REASONING_PARSER, served_for_the_block, thinking_model_served
 from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
 from helpers.hardware.machine import check_quiet
 from helpers.lessons import plots
@@ -389,7 +389,8 @@ def conclude_request_life(life: RequestLife) -> Conclusion:
 def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestLife | None, str]:
     """One agent run traced from its steps down to vLLM's own request spans, read back from a local Arize Phoenix: the
     timeline (for ``plot_request_life``) and the viewer's address; (None, why) when it cannot run here. Tracing is a
-    restart (``--otlp-traces-endpoint``), and the engine goes back to its configuration after, whatever happened."""
+    restart (``--otlp-traces-endpoint``) and one back, whatever happened; on the cpu profile's local engine, one start
+    of a traced copy beside it (``served_for_the_block``)."""
     from helpers.engine.trace_store import INSTALL_PHOENIX, TraceStore, phoenix_executable, with_tracing
     from helpers.measure.tracing import LLM_REQUEST, AgentTracer, phoenix_spans, timeline, wait_for_spans
 
@@ -404,18 +405,15 @@ def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestL
                       "the engines (k8s/README.md, \"Tracing on the cluster\").")
     if phoenix_executable() is None:
         return None, f"Not run: {INSTALL_PHOENIX}."
-    before = lab.engine.config()
     with TraceStore() as store:
-        print(f"Phoenix, the trace viewer, is at {store.url}; the engine restarts to send it one span per request "
-              "(--otlp-traces-endpoint), and once more after the run to go back")
-        lab.engine.apply(with_tracing(before, store.otlp_endpoint))
-        try:
+        print(f"Phoenix, the trace viewer, is at {store.url}; the engine sends it one span per request "
+              "(--otlp-traces-endpoint)")
+        with served_for_the_block(lab, with_tracing(lab.engine.config(), store.otlp_endpoint),
+                                  f"{lab.model} with tracing on"):
             tracer = AgentTracer(store.otlp_endpoint)
             traced = run_agent(lab, question, tracer=tracer)
             tracer.shutdown()
             spans = wait_for_spans(lambda: phoenix_spans(store.url, tracer.last_trace_id),
                                    lambda found: sum(s["name"] == LLM_REQUEST for s in found) >= len(traced.steps), 60)
-        finally:
-            lab.engine.apply(before)
         rows = timeline(spans)
     return from_rows(rows, notes=(f"trace {tracer.last_trace_id} as Phoenix stored it ({len(spans)} spans)",)), store.url

@@ -16,6 +16,8 @@ attendee). The thinking step is ``helpers.lessons.l04_thinking``; the tiny model
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -84,7 +86,11 @@ def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input
     """One row per (model, batch, run): client throughput, the engine's own step time (from
     ``vllm:inter_token_latency_seconds``), decode tokens/s from it, and the roofline ceiling and MBU at
     ``bandwidth_gb_s``. ``models`` is [dense, MoE]; None for a model the room did not download, which is skipped
-    with its sentence; an endpoint run elsewhere measures what it serves. The engine goes back to its model."""
+    with its sentence; an endpoint run elsewhere measures what it serves. On the cpu profile's local engine the other
+    model starts once beside the baseline (``served_beside``) and stops after; elsewhere each switch is a restart, and
+    the engine goes back to its model."""
+    from helpers.engine.interface import default_config
+    from helpers.engine.session import beside_possible, served_beside, thinking_engine
     from helpers.measure.bench_results import summarize
     from helpers.measure.loadgen import prompt_factory, run_load
     from helpers.measure.workloads import Load, Workload
@@ -108,9 +114,13 @@ def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input
                   "where it runs (the local engine or the cluster profile can switch models)")
         models = kept
 
+    point: Callable[[bool], None] | None = None  # the cpu profile: the other model beside the baseline
+
     def serve(name: str):
         def run() -> list[dict[str, Any]]:
-            if lab.model != name:
+            if point is not None:
+                point(name != baseline)
+            elif lab.model != name:
                 lab.engine.switch_model(name)
             counts = count_params(model_config(name))
             kv_per_token = kv_cache_bytes(model_config(name)).bytes_per_token
@@ -135,11 +145,17 @@ def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input
             return rows
         return run
 
-    try:
-        results = interleave({name: serve(name) for name in models}, rounds, desc="models (each switch restarts)")
-    finally:  # back to the workshop's model, whatever happened
-        if lab.model != baseline:
-            lab.engine.switch_model(baseline)
+    others = [m for m in models if m != baseline]
+    with ExitStack() as stack:
+        if beside_possible(lab) and len(others) == 1:  # one start, beside the baseline: the rounds alternate freely
+            config = default_config(thinking_engine(lab.settings, others[0]).settings)
+            point = stack.enter_context(served_beside(lab, config, others[0]))
+        try:
+            results = interleave({name: serve(name) for name in models}, rounds,
+                                 desc="models" if point else "models (each switch restarts)")
+        finally:  # back to the workshop's model, whatever happened
+            if point is None and lab.model != baseline:
+                lab.engine.switch_model(baseline)
     return pd.DataFrame([row for runs in results.values() for rows in runs for row in rows])
 
 

@@ -72,12 +72,15 @@ SPEC_FLAG = "--speculative-config"
 def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[int], workload: Workload,
                 repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
                 first_round: Callable[[str], Any] | None = None,
-                env: dict[str, tuple[tuple[str, str], ...]] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C A B C
-    so a machine that gets busier hits every method alike. One row per method, concurrency and repeat;
-    ``eval_suite`` runs once per method in the first round, and ``first_round(name)`` right after it (e.g. samples
-    for the losslessness test, taken while that engine is up). ``env``: engine environment variables a method runs
-    with (e.g. ``spec_sampling_fix.FIX_ENV``), the others without them. The engine is left without speculation."""
+                env: dict[str, tuple[tuple[str, str], ...]] | None = None,
+                back: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Each ``--speculative-config`` (None: no speculation) measured ``repeats`` times, interleaved A B C C B A (a
+    round starts on the method the one before ended on: one restart fewer per round), so a machine that gets busier
+    hits every method alike. One row per method, concurrency and repeat; ``eval_suite`` runs once per method in the
+    first round, and ``first_round(name)`` right after it (e.g. samples for the losslessness test, taken while that
+    engine is up). ``env``: engine environment variables a method runs with (e.g. ``spec_sampling_fix.FIX_ENV``),
+    the others without them. The engine is left without speculation; with ``back=False`` it stays on the last
+    method measured (the caller goes on from there), unless a run failed."""
     from helpers.evals.suite import run_suite
 
     evals: dict[str, Any] = {}
@@ -111,11 +114,14 @@ def run_methods(lab: Lab, methods: dict[str, str | None], concurrencies: list[in
             return [dict(r, repeat=rounds[name]) for r in rows]
         return run
 
+    finished = False
     try:
         results = interleave({name: runner(name, config) for name, config in methods.items()}, repeats,
-                             desc="speculative methods")
+                             desc="speculative methods", mirrored=True)
+        finished = True
     finally:
-        switch(None)  # back to the baseline
+        if back or not finished:
+            switch(None)  # back to the baseline
     return pd.DataFrame([row for rows in results.values() for run_rows in rows for row in run_rows]), evals
 
 
@@ -150,19 +156,22 @@ def complete_rounds(lab: Lab, methods: dict[str, str | None], done: pd.DataFrame
                     workload: Workload, repeats: int = 2, requests_per_stream: int = 4, eval_suite: str | None = None,
                     evals: dict[str, Any] | None = None) -> pd.DataFrame:
     """The method grid, interleaved, built on a round already measured (``done``: the core path's baseline and
-    aligned draft): first the methods ``done`` lacks, completing round 1, then ``repeats - 1`` full rounds in the
-    same order. The rows of all rounds, ``done``'s included; the new methods' evals go into ``evals``. The engine is
-    left without speculation."""
+    aligned draft): first the methods ``done`` lacks, completing round 1, then ``repeats - 1`` full rounds, the
+    first of them in reverse (``methods``' last first, its first, the baseline, last), so it starts on the method
+    round 1 ended on and ends on the baseline it measures: no restart there, and none to go back. The rows of all
+    rounds, ``done``'s included; the new methods' evals go into ``evals``. The engine is left without speculation."""
     measured = set(done.config) if len(done) else set()
     missing = {name: config for name, config in methods.items() if name not in measured}
     parts = [done]
     if missing:
-        rows, more = run_methods(lab, missing, concurrencies, workload, 1, requests_per_stream, eval_suite=eval_suite)
+        rows, more = run_methods(lab, missing, concurrencies, workload, 1, requests_per_stream, eval_suite=eval_suite,
+                                 back=repeats <= 1)
         parts.append(rows)
         if evals is not None:
             evals.update(more)
     if repeats > 1:
-        rows, _ = run_methods(lab, methods, concurrencies, workload, repeats - 1, requests_per_stream)
+        reverse = dict(reversed(list(methods.items())))
+        rows, _ = run_methods(lab, reverse, concurrencies, workload, repeats - 1, requests_per_stream)
         parts.append(rows.assign(repeat=rows.repeat + 1))
     return pd.concat([p for p in parts if len(p)], ignore_index=True)
 

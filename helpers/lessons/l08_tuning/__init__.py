@@ -356,15 +356,19 @@ class TuningRun:
 def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure: Callable[[str], tuple[dict, Any]],
                             current: dict[str, Any], current_eval: Any, rule: Rule, log: TuningLog,
                             model: str | None = None) -> TuningRun:
-    """For each (flag, value): change it (as a manifest change: helpers/engine/k8s_change.py), ``measure`` it,
-    keep it by ``rule`` or set the flag back; every step goes into ``log``. A flag vLLM refuses is rolled
-    back by the engine interface and logged as refused. ``model``: the cluster's model for the patches shown."""
+    """For each (flag, value): change it from the configuration kept so far (as a manifest change:
+    helpers/engine/k8s_change.py), ``measure`` it, keep it by ``rule`` or set the flag back; every step goes into
+    ``log``. A roll-back is no restart of its own: the next candidate's restart starts from the kept configuration,
+    and the engine ends on the last one measured (``final`` is the kept one; ``resume`` puts the engine on it). A
+    flag vLLM refuses is rolled back by the engine interface and logged as refused. ``model``: the cluster's model
+    for the patches shown."""
     changes = []
+    kept = lab.engine.config()
     for flag, value in candidates:
-        previous = flag_value(lab.engine.args(), flag)
+        previous = flag_value(kept.args, flag)
         change = f"{flag} {previous if previous is not None else '(default)'} -> {value}"
         try:
-            changes.append(change_one_flag(lab.engine, flag, value, model))
+            changes.append(change_one_flag(lab.engine, flag, value, model, base=kept))
         except EngineStartError as err:
             log.record(change, {}, Decision(False, (f"vLLM refused it: {str(err).splitlines()[0]}",)))
             continue
@@ -374,10 +378,8 @@ def tune_one_flag_at_a_time(lab: Lab, candidates: list[tuple[str, Any]], measure
         log.record(change, row, decision)
         print(f"{'KEEP    ' if decision.keep else 'ROLLBACK'} {change}: {'; '.join(decision.reasons)}")
         if decision.keep:
-            current, current_eval = row, run
-        else:
-            lab.engine.set_flag(flag, previous)
-    return TuningRun(current, current_eval, lab.engine.config(), changes)
+            current, current_eval, kept = row, run, lab.engine.config()
+    return TuningRun(current, current_eval, kept, changes)
 
 
 def candidate_flags(candidates: list[Any], memory_knob: tuple[str, Any], profile: str | None = None,
