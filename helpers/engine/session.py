@@ -173,6 +173,12 @@ def thinking_engine(settings: Settings, model: str | None = None) -> LocalEngine
                                model=model or lesson_model("thinking", settings) or settings.model))
 
 
+def beside_config(settings: Settings, model: str | None = None) -> EngineConfig:
+    """The CPU profile's default configuration of ``model`` (default the thinking stand-in) on the engine beside the
+    baseline (``thinking_engine``), before ``served_beside`` sets its KV memory."""
+    return default_config(thinking_engine(settings, model).settings)
+
+
 def beside_possible(lab: Lab) -> bool:
     """Can a step serve its configuration beside the baseline (the cpu profile's local engine), not instead of it?"""
     return lab.settings.profile == "cpu" and type(lab.engine) is LocalEngine
@@ -247,7 +253,7 @@ def thinking_model_served(lab: Lab) -> Iterator[str]:
               f"asks {lab.model} to think (the thinking model here would be {model}).")
         yield lab.model
         return
-    base = default_config(thinking_engine(lab.settings).settings) if beside_possible(lab) else before
+    base = beside_config(lab.settings) if beside_possible(lab) else before
     config = replace(base, model=resolve_model(model, lab.settings.profile), served_name=model,
                      args=with_flag(base.args, "--reasoning-parser", REASONING_PARSER))
     with served_for_the_block(lab, config, f"{model}, the thinking stand-in, with --reasoning-parser "

@@ -89,8 +89,7 @@ def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input
     with its sentence; an endpoint run elsewhere measures what it serves. On the cpu profile's local engine the other
     model starts once beside the baseline (``served_beside``) and stops after; elsewhere each switch is a restart, and
     the engine goes back to its model."""
-    from helpers.engine.interface import default_config
-    from helpers.engine.session import beside_possible, served_beside, thinking_engine
+    from helpers.engine.session import beside_config, beside_possible, served_beside
     from helpers.measure.bench_results import summarize
     from helpers.measure.loadgen import prompt_factory, run_load
     from helpers.measure.workloads import Load, Workload
@@ -148,8 +147,7 @@ def measure_decode(lab: Lab, models: list[str | None], batches: list[int], input
     others = [m for m in models if m != baseline]
     with ExitStack() as stack:
         if beside_possible(lab) and len(others) == 1:  # one start, beside the baseline: the rounds alternate freely
-            config = default_config(thinking_engine(lab.settings, others[0]).settings)
-            point = stack.enter_context(served_beside(lab, config, others[0]))
+            point = stack.enter_context(served_beside(lab, beside_config(lab.settings, others[0]), others[0]))
         try:
             results = interleave({name: serve(name) for name in models}, rounds,
                                  desc="models" if point else "models (each switch restarts)")
