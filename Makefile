@@ -28,18 +28,25 @@ venv: $(VENV)/.installed-$(PROFILE)
 lab: venv  ## create the environment, start the local engine, open JupyterLab
 	$(LAB_ENV) $(VENV)/bin/workshop lab
 
-# The tests without an engine on TEST_WORKERS cores (pytest-xdist, each file on one worker), then the engine tests one
-# at a time; both always run, and the first failure's status is returned (an empty selection, status 5, is no failure
-# unless both are empty). One WORKSHOP_TEST_SUITE merges both runs into build/test-times.md (tests/timetable.py).
+# The engine tests one at a time, and beside them the tests without an engine on TEST_WORKERS cores (pytest-xdist,
+# each file on one worker) at a lower CPU priority (nice), so that they take the cores the engine tests leave idle
+# (about 40% of the machine while vLLM starts and notebooks wait) and an engine's measurements keep their cores. The
+# tests without an engine print into build/unit-tests.log, shown when both runs have ended. Both always run, and the
+# first failure's status is returned (an empty selection, status 5, is no failure unless both are empty). One
+# WORKSHOP_TEST_SUITE merges both runs into build/test-times.md (tests/timetable.py).
 # PYTEST_ARGS go to both runs: make test PYTEST_ARGS="-k kv"
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
+UNIT_NICE ?= 10
 test: venv  ## create the environment if needed, run the whole suite
-	@export WORKSHOP_TEST_SUITE=suite-$$(date +%Y%m%dT%H%M%S)-$$$$; \
-	echo '$(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'; \
-	$(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); unit=$$?; \
+	@export WORKSHOP_TEST_SUITE=suite-$$(date +%Y%m%dT%H%M%S)-$$$$; mkdir -p build; rm -f build/unit-tests.status; \
 	echo '$(PY) -m pytest -m engine $(PYTEST_ARGS)'; \
+	echo 'beside it: nice -n $(UNIT_NICE) $(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) > build/unit-tests.log'; \
+	(nice -n $(UNIT_NICE) $(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
+	  > build/unit-tests.log 2>&1; echo $$? > build/unit-tests.status) & \
 	$(PY) -m pytest -m engine $(PYTEST_ARGS); engine=$$?; \
+	wait; unit=$$(cat build/unit-tests.status 2>/dev/null || echo 1); \
+	echo; echo '---- the tests without an engine (build/unit-tests.log)'; cat build/unit-tests.log; \
 	echo "tests without an engine: exit $$unit; engine tests: exit $$engine (5: none selected)"; \
 	if [ $$unit -eq 5 ] && [ $$engine -eq 5 ]; then exit 5; fi; \
 	if [ $$unit -ne 0 ] && [ $$unit -ne 5 ]; then exit $$unit; fi; \

@@ -82,11 +82,23 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEn
         _SHARED.remove(shared)
 
 
+# A file that uses the shared engine but first waits for what the tests without an engine make beside the engine run
+# (``make test`` runs both at once): the client install of tests/test_client_env.py. Last of the shared engine's files,
+# so that the install is done by the time it comes.
+SHARED_LATE = ("tests/test_client_env.py",)
+
+
 def shared_files_first(items: list) -> list:
-    """The items with the files that use the shared engine first (whole files, each in its order), so that one start
-    serves them all; the other files after them, as collected. Scheduling only: no test depends on another's order."""
+    """The items with the files that use the shared engine first (whole files, each in its order; SHARED_LATE last of
+    them), so that one start serves them all; the other files after them, as collected. Scheduling only: no test
+    depends on another's order."""
     users = {item.nodeid.split("::", 1)[0] for item in items if "shared_engine" in getattr(item, "fixturenames", ())}
-    return sorted(items, key=lambda item: item.nodeid.split("::", 1)[0] not in users)
+
+    def place(item) -> tuple[bool, bool]:
+        file = item.nodeid.split("::", 1)[0]
+        return file not in users, file in SHARED_LATE
+
+    return sorted(items, key=place)
 
 
 def pytest_collection_modifyitems(items: list) -> None:

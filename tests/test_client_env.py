@@ -2,7 +2,8 @@
 fresh virtualenv, which must hold no vLLM, import every helper module a notebook imports, and run notebooks
 01-04 against a real engine reached only through VLLM_HOST (the engine runs from the suite's full environment).
 
-The install reuses pip's cache: 75 s on a quiet 2-core machine, 170 s beside a running suite; the engine and
+The install reuses pip's cache: 75 s on a quiet 2-core machine, 170 s beside a running suite (`make test` runs the
+tests without an engine, and so this install, beside the engine tests); the engine and
 the notebooks add about a minute and a half. An endpoint run elsewhere (VLLM_HOST without the cluster profile)
 keeps its flags and model: 03 and 04 measure what it runs and say what they could not change from here.
 """
@@ -10,6 +11,7 @@ keeps its flags and model: 03 and 04 measure what it runs and say what they coul
 from __future__ import annotations
 
 import ast
+import fcntl
 import os
 import shutil
 import subprocess
@@ -60,26 +62,37 @@ OLD_VENV_S = 24 * 3600
 
 @pytest.fixture(scope="module")
 def client_python(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """The client install in a fresh virtualenv. Under `make test` (WORKSHOP_TEST_SUITE) the run without an engine
-    installs it and the engine run reuses it, then removes it; a lone pytest run installs it in its temporary folder."""
+    """The client install in a fresh virtualenv. Under `make test` (WORKSHOP_TEST_SUITE) both runs use one install:
+    they run at once, so a lock beside it makes the second wait while the first installs; the engine run removes it
+    when it is done, unless the other run is still using it. A lone pytest run installs it in its temporary folder."""
     suite = os.environ.get("WORKSHOP_TEST_SUITE")
     venv = SUITE_VENVS / f"client-venv-{suite}" if suite else tmp_path_factory.mktemp("client-venv")
     python, installed = venv / "bin" / "python", venv / ".installed-client"
     for old in SUITE_VENVS.glob("client-venv-suite-*"):  # a suite whose engine run never came
-        if old != venv and time.time() - old.stat().st_mtime > OLD_VENV_S:
+        if old != venv and old.suffix != ".lock" and time.time() - old.stat().st_mtime > OLD_VENV_S:
             shutil.rmtree(old, ignore_errors=True)
-    if not installed.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-        # PIP_NO_COMPILE: no .pyc files written for torch's thousands of modules, a shorter install
-        done = subprocess.run([str(python), str(INSTALL), "--profile", "client"], capture_output=True,
-                              text=True, timeout=900, env=_clean_env(PIP_NO_COMPILE="1"))
-        assert done.returncode == 0, f"install.py client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
-        installed.touch()
-    yield python
-    if suite and any(item.get_closest_marker("engine") and "client_python" in item.fixturenames
-                     for item in request.session.items):  # the engine run, the last of the suite to need it
-        shutil.rmtree(venv, ignore_errors=True)
+            old.with_name(old.name + ".lock").unlink(missing_ok=True)
+    lock_path = venv.with_name(venv.name + ".lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the suite's other run may be installing it: wait for it
+        if not installed.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+            # PIP_NO_COMPILE: no .pyc files written for torch's thousands of modules, a shorter install
+            done = subprocess.run([str(python), str(INSTALL), "--profile", "client"], capture_output=True,
+                                  text=True, timeout=900, env=_clean_env(PIP_NO_COMPILE="1"))
+            assert done.returncode == 0, f"install.py client failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            assert "installed the client profile" in done.stdout and "vLLM absent" in done.stdout
+            installed.touch()
+        fcntl.flock(lock, fcntl.LOCK_SH)  # in use: the other run may use it too, but not remove it
+        yield python
+        if suite and any(item.get_closest_marker("engine") and "client_python" in item.fixturenames
+                         for item in request.session.items):  # the engine run, the last of the suite to need it
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # the other run still uses it: left for the next suite's clean-up (OLD_VENV_S)
+            shutil.rmtree(venv, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
 
 
 def test_the_install_script_refuses_bad_input_with_what_to_do(tmp_path):

@@ -66,3 +66,7 @@ def test_the_files_that_use_the_shared_engine_run_first_whole_and_in_their_order
     order = [i.nodeid for i in conftest.shared_files_first(items)]
     assert order == ["tests/test_b.py::own_engine", "tests/test_b.py::reads", "tests/test_d.py::reads",
                      "tests/test_a.py::one", "tests/test_c.py::x"]  # a file is never split: its module fixtures once
+    late = [item("tests/test_client_env.py::installs"), item("tests/test_client_env.py::reads", "shared_engine"), *items]
+    order = [i.nodeid for i in conftest.shared_files_first(late)]
+    assert order[:4] == ["tests/test_b.py::own_engine", "tests/test_b.py::reads", "tests/test_d.py::reads",
+                         "tests/test_client_env.py::installs"]  # the client install's file last of the engine's users

@@ -79,9 +79,17 @@ def _row(area, seconds, starts=0, start_s=0.0):
 ENGINE_OVER = timetable.BUDGET_S["engine"] + 40.0  # an engine area 40 s over its budget on the faster kind
 
 
+def test_the_suites_wall_time_counts_overlapping_runs_once():
+    assert timetable.covered_s([(0.0, 100.0), (100.0, 250.0)]) == 250.0  # one after the other
+    assert timetable.covered_s([(10.0, 1000.0), (20.0, 180.0)]) == 990.0  # the unit run beside the engine run
+    assert timetable.covered_s([(50.0, 60.0), (0.0, 20.0), (15.0, 30.0)]) == 40.0
+    beside = timetable.merge([_part("engine", 10.0, 990.0, {}), _part("not engine", 20.0, 160.0, {})], "AMX", 1.0)
+    assert beside["wall_s"] == 990.0 and [r["wall_s"] for r in beside["runs"]] == [990.0, 160.0]
+
+
 def test_the_parts_of_a_suite_merge_into_one_table_that_names_the_area_over_budget():
     unit = _part("not engine", 1.0, 100.0, {"tests/test_u.py": _row("unit", 90.0)})
-    engine = _part("engine", 2.0, 900.0, {"tests/test_e.py": _row("engine", ENGINE_OVER, 3, 60.0),
+    engine = _part("engine", 101.0, 900.0, {"tests/test_e.py": _row("engine", ENGINE_OVER, 3, 60.0),
                                           "tests/test_nb03_local.py": _row("notebooks, local path", 300.0, 1, 20.0)})
     table = timetable.merge([engine, unit], "AMX", 1.0)
     assert [r["args"] for r in table["runs"]] == [["-m", "not engine"], ["-m", "engine"]]

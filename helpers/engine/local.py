@@ -177,6 +177,10 @@ def parse_state(text: str) -> tuple[_State, str | None]:
 class LocalEngine(Engine):
     """A vLLM server run by the helpers on this machine, owned through its state file and port lock."""
 
+    # A start polls this machine's own port: a refused connection costs nothing, and a start (about 14 s on the CPU)
+    # is seen ready 0.1 s after vLLM answers instead of 0.5 s on average at the base class's 1 s.
+    ready_poll_s = 0.2
+
     def __init__(self, settings: Settings) -> None:
         if not settings.managed:
             raise EngineError(f"{settings.base_url} is an external endpoint (VLLM_HOST is set); "

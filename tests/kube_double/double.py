@@ -596,7 +596,7 @@ def rollout_status(root: Path, rest: list[str], opt: Options) -> tuple[int, str,
             said = True
         if time.monotonic() >= deadline:
             return 1, "" if said else waiting, "error: timed out waiting for the condition\n"
-        time.sleep(1.0)
+        time.sleep(READY_POLL_S)  # a pod is seen ready as the readiness probe sees it
 
 
 def logs(state: dict[str, Any], rest: list[str], opt: Options) -> str:
