@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import signal
 import statistics
 import threading
 import time
@@ -234,7 +235,16 @@ def test_cancelling_the_task_returns_partial_results(make_fake):
     assert summary["cancelled"] >= 1 and summary["interrupted"] is True
 
 
-def test_ctrl_c_in_the_sync_wrapper_returns_partial_results(make_fake):
+@pytest.fixture
+def ctrl_c_handled():
+    """Python's own Ctrl-C handler, as a terminal's or a Jupyter kernel's Python has it: a Python that a
+    non-interactive shell starts in the background inherits SIGINT ignored, and interrupt_main() then does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_in_the_sync_wrapper_returns_partial_results(make_fake, ctrl_c_handled):
     fake = make_fake(chunk_gap_s=0.01)
 
     def interrupt_when_some_finished():
@@ -244,11 +254,10 @@ def test_ctrl_c_in_the_sync_wrapper_returns_partial_results(make_fake):
         _thread.interrupt_main()  # what Ctrl-C (or Jupyter's interrupt) does
 
     threading.Thread(target=interrupt_when_some_finished, daemon=True).start()
-    # Far more requests than can finish before the interrupt (about 4 minutes of them): on a busy machine this
-    # thread may wait seconds for its turn, and with 100 requests the run had ended before it came (a flaky test).
-    result = run_load(settings_for(fake), Workload(input_len=60, output_len=15), Load(concurrency=2, num_requests=3000))
+    # far more requests than can finish before the interrupt (about a minute of them), on a busy machine too
+    result = run_load(settings_for(fake), Workload(input_len=60, output_len=15), Load(concurrency=2, num_requests=1000))
     assert result.interrupted
-    assert 2 <= len(result.completed) < 3000
+    assert 2 <= len(result.completed) < 1000
 
 
 def test_a_dying_server_ends_the_run_with_what_was_gathered(make_fake):
