@@ -28,43 +28,32 @@ venv: $(VENV)/.installed-$(PROFILE)
 lab: venv  ## create the environment, start the local engine, open JupyterLab
 	$(LAB_ENV) $(VENV)/bin/workshop lab
 
-# Three pytest runs at once. The engine tests one at a time: the notebooks and the tests that share one engine,
-# at normal priority; beside them, in the idle scheduling class (`chrt --idle 0`: they run only on a core nothing
-# else wants; `nice -n 19` where chrt is missing), the engine tests marked `aside` (each starts an engine of its own
-# on ports of its own, ASIDE_PORT and up, and checks nothing that depends on the machine's speed:
-# tests/conftest.py ENGINE_ASIDE) and the tests without an engine on TEST_WORKERS cores (pytest-xdist, each file on
-# one worker). They take the cores the first run leaves idle (about 40% of a 2-core machine while vLLM starts and a
-# notebook waits) and never a core a notebook's measurement wants. Their output goes to build/engine-aside-tests.log
-# and build/unit-tests.log, printed when all three have ended. All three always run, and the first failure's status
-# is returned (an empty selection, status 5, is no failure unless all are empty). One WORKSHOP_TEST_SUITE merges the
-# runs into build/test-times.md (tests/timetable.py).
-# PYTEST_ARGS go to every run: make test PYTEST_ARGS="-k kv"
+# The engine tests one at a time, and beside them the tests without an engine on TEST_WORKERS cores (pytest-xdist,
+# each file on one worker) at a lower CPU priority (nice), so that they take the cores the engine tests leave idle
+# (about 40% of a 2-core machine while vLLM starts and a notebook waits). The tests without an engine print into
+# build/unit-tests.log, shown when both runs have ended. Both always run, and the first failure's status is returned
+# (an empty selection, status 5, is no failure unless both are empty). One WORKSHOP_TEST_SUITE merges both runs into
+# build/test-times.md (tests/timetable.py).
+# PYTEST_ARGS go to both runs: make test PYTEST_ARGS="-k kv"
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-IDLE ?= $(shell command -v chrt >/dev/null 2>&1 && echo "chrt --idle 0" || echo "nice -n 19")
-ASIDE_PORT ?= 8865
-# pytest for the runs in the background: a non-interactive shell starts them with SIGINT ignored, so this puts
-# Python's Ctrl-C handler back (Ctrl-C then stops all three runs, each tearing its engines down)
+NICE ?= 10
+# pytest for the run in the background: a non-interactive shell starts it with SIGINT ignored, so this puts Python's
+# Ctrl-C handler back (Ctrl-C then stops both runs)
 BESIDE := $(PY) -c "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); sys.exit(pytest.main(sys.argv[1:]))"
 test: venv  ## create the environment if needed, run the whole suite
-	@export WORKSHOP_TEST_SUITE=suite-$$(date +%Y%m%dT%H%M%S)-$$$$; mkdir -p build; \
-	rm -f build/unit-tests.status build/engine-aside-tests.status; \
-	echo 'beside: $(IDLE) $(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) > build/unit-tests.log'; \
-	($(IDLE) $(BESIDE) -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
+	@export WORKSHOP_TEST_SUITE=suite-$$(date +%Y%m%dT%H%M%S)-$$$$; mkdir -p build; rm -f build/unit-tests.status; \
+	echo 'beside: nice -n $(NICE) $(PY) -m pytest -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) > build/unit-tests.log'; \
+	(nice -n $(NICE) $(BESIDE) -m "not engine" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
 	  > build/unit-tests.log 2>&1; echo $$? > build/unit-tests.status) & \
-	echo 'beside: WORKSHOP_TEST_PORT=$(ASIDE_PORT) $(IDLE) $(PY) -m pytest -m "engine and aside" $(PYTEST_ARGS) > build/engine-aside-tests.log'; \
-	(WORKSHOP_TEST_PORT=$(ASIDE_PORT) WORKSHOP_K8S_TEST_PORT=$$(($(ASIDE_PORT) + 1)) \
-	  $(IDLE) $(BESIDE) -m "engine and aside" $(PYTEST_ARGS) \
-	  > build/engine-aside-tests.log 2>&1; echo $$? > build/engine-aside-tests.status) & \
-	echo '$(PY) -m pytest -m "engine and not aside" $(PYTEST_ARGS)'; \
-	$(PY) -m pytest -m "engine and not aside" $(PYTEST_ARGS); engine=$$?; \
+	echo '$(PY) -m pytest -m engine $(PYTEST_ARGS)'; \
+	$(PY) -m pytest -m engine $(PYTEST_ARGS); engine=$$?; \
 	wait; unit=$$(cat build/unit-tests.status 2>/dev/null || echo 1); \
-	aside=$$(cat build/engine-aside-tests.status 2>/dev/null || echo 1); \
-	echo; echo '---- the engine tests run aside (build/engine-aside-tests.log)'; cat build/engine-aside-tests.log; \
 	echo; echo '---- the tests without an engine (build/unit-tests.log)'; cat build/unit-tests.log; \
-	echo "tests without an engine: exit $$unit; engine tests: exit $$engine; engine tests aside: exit $$aside (5: none selected)"; \
-	if [ $$unit -eq 5 ] && [ $$engine -eq 5 ] && [ $$aside -eq 5 ]; then exit 5; fi; \
-	for status in $$unit $$engine $$aside; do if [ $$status -ne 0 ] && [ $$status -ne 5 ]; then exit $$status; fi; done
+	echo "tests without an engine: exit $$unit; engine tests: exit $$engine (5: none selected)"; \
+	if [ $$unit -eq 5 ] && [ $$engine -eq 5 ]; then exit 5; fi; \
+	if [ $$unit -ne 0 ] && [ $$unit -ne 5 ]; then exit $$unit; fi; \
+	if [ $$engine -ne 0 ] && [ $$engine -ne 5 ]; then exit $$engine; fi
 
 up: venv
 	$(LAB_ENV) $(VENV)/bin/workshop up

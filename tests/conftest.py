@@ -24,7 +24,6 @@ TEST_PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")  # another port lets tw
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TimeTable(config), "timetable")
-    config.addinivalue_line("markers", "aside: an engine test `make test` runs beside the notebooks (ENGINE_ASIDE)")
 
 
 @pytest.fixture(autouse=True)
@@ -102,19 +101,7 @@ def shared_files_first(items: list) -> list:
     return sorted(items, key=place)
 
 
-# Engine test files that `make test` runs in a second engine run beside the first, at a lower CPU priority (marker
-# ``aside``): they start engines of their own (their own ports, never the shared engine's), and what they check does
-# not depend on how fast the machine is (a lock, a rollback, a variant that serves, a parser, a trace, an event), so
-# they can take the cores the notebooks' run leaves idle. The notebooks, which measure, keep the first run.
-ENGINE_ASIDE = ("tests/test_engine_ownership.py", "tests/test_forced_cpu_kind.py", "tests/test_k8s_thinking.py",
-                "tests/test_mechanism_cells_03.py", "tests/test_quantized_models.py", "tests/test_replicas_engine.py",
-                "tests/test_thinking_engine.py", "tests/test_tracing_engine.py")
-
-
 def pytest_collection_modifyitems(items: list) -> None:
-    for item in items:
-        if item.nodeid.split("::", 1)[0] in ENGINE_ASIDE:
-            item.add_marker(pytest.mark.aside)
     items[:] = shared_files_first(items)
 
 

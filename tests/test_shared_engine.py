@@ -71,13 +71,3 @@ def test_the_files_that_use_the_shared_engine_run_first_whole_and_in_their_order
     assert order[:4] == ["tests/test_b.py::own_engine", "tests/test_b.py::reads", "tests/test_d.py::reads",
                          "tests/test_client_env.py::installs"]  # the client install's file last of the engine's users
 
-
-def test_the_engine_tests_run_aside_exist_and_never_use_the_shared_engine():
-    """`make test` runs ENGINE_ASIDE in a second engine run beside the first (on ports from ASIDE_PORT): a file there
-    that used the shared engine would start a second one on the first run's port."""
-    for name in conftest.ENGINE_ASIDE:
-        path = conftest.REPO / name
-        assert path.is_file(), name
-        text = path.read_text()
-        assert "shared_engine" not in text and "notebook_local" not in text, name
-        assert "pytest.mark.engine" in text, name  # only engine tests are run aside

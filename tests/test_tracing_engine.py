@@ -75,8 +75,11 @@ def traced(store, lab):
     tracer = AgentTracer(store.otlp_endpoint)
     run = run_agent(lab, WEATHER_QUESTION, tracer=tracer)
     tracer.shutdown()
+    # every model call's vLLM span and the agent's own spans (this process exports them apart, on its own clock)
     spans = wait_for_spans(lambda: phoenix_spans(store.url, tracer.last_trace_id),
-                           lambda found: sum(s["name"] == LLM_REQUEST for s in found) >= len(run.steps), 60)
+                           lambda found: (sum(s["name"] == LLM_REQUEST for s in found) >= len(run.steps)
+                                          and any(s["parent"] is None and s["name"] != LLM_REQUEST for s in found)
+                                          and all(s["parent"] for s in found if s["name"] == LLM_REQUEST)), 60)
     return run, spans
 
 

@@ -9,9 +9,8 @@ Every pytest run writes, under ``build/``:
 - ``notebook-cells/<test file>/<notebook>.json``: for each workshop notebook a test executed, the seconds of every cell
   (nbclient's timing), the parameters injected and the test that ran it, to choose CI parameters by measurement.
 
-``make test`` runs pytest three times at once (the engine tests one at a time, and beside them, at a lower CPU
-priority, the engine tests marked ``aside`` and the tests without an engine on both cores) with one
-``WORKSHOP_TEST_SUITE``: each run leaves a part in ``build/test-times/<suite>/`` and the table is the merge
+``make test`` runs pytest twice at once (the engine tests one at a time, and beside them, at a lower CPU priority,
+the tests without an engine on both cores) with one ``WORKSHOP_TEST_SUITE``: each run leaves a part in ``build/test-times/<suite>/`` and the table is the merge
 of every part of the suite. A run without it is a suite of its own. Budgets are figures to read, never a failure.
 """
 
