@@ -20,7 +20,7 @@ from fakes import ToolCall, reply
 from helpers.core.vllm_args import EngineConfig, flag_value
 from helpers.engine.trace_store import TRACES_FLAG, with_tracing
 from helpers.evals.agent import run_agent
-from helpers.measure.tracing import (LLM_REQUEST, AgentTracer, children, phoenix_spans, request_phases,
+from helpers.measure.tracing import (LLM_REQUEST, AgentTracer, children, trace_complete, phoenix_spans, request_phases,
                                      span_from_phoenix, timeline)
 
 QUESTION = "What's the weather in Paris?"
@@ -247,3 +247,13 @@ def test_the_timeline_feeds_the_request_life_picture_as_it_is():
 
     life = from_rows(timeline([span_from_phoenix(s) for s in SYNTHETIC[:4]]))
     assert {s.name for s in life.spans if s.lane == "server"} == {"arrival", "queue", "prefill", "decode", "return"}
+
+
+def test_a_trace_is_complete_only_with_the_agents_root_and_every_vllm_span_under_a_call():
+    agent = [{"name": "invoke_agent workshop-agent", "parent": None}, {"name": "chat tiny-agent", "parent": "r"}]
+    vllm = [{"name": LLM_REQUEST, "parent": "c1"}, {"name": LLM_REQUEST, "parent": "c2"}]
+    assert trace_complete(agent + vllm, 2)
+    assert not trace_complete(agent + vllm[:1], 2)  # a vLLM span still to come
+    orphans = [{"name": LLM_REQUEST, "parent": None}, {"name": LLM_REQUEST, "parent": None}]
+    assert not trace_complete(orphans, 2)  # vLLM's spans in, the agent's not yet (seen on a busy machine)
+    assert not trace_complete(vllm, 2)  # no root of the run

@@ -20,7 +20,8 @@ from fakes import engine_environment
 from helpers.engine import trace_store
 from helpers.engine.trace_store import INSTALL_PHOENIX, TraceStore, phoenix_executable, with_tracing
 from helpers.evals.agent import run_agent
-from helpers.measure.tracing import LLM_REQUEST, PHASES, AgentTracer, children, phoenix_spans, wait_for_spans
+from helpers.measure.tracing import (LLM_REQUEST, PHASES, AgentTracer, children, phoenix_spans, trace_complete,
+                                     wait_for_spans)
 
 PORT = os.environ.get("WORKSHOP_TEST_PORT", "8765")
 WEATHER_QUESTION = "What's the weather in Paris?"
@@ -75,11 +76,8 @@ def traced(store, lab):
     tracer = AgentTracer(store.otlp_endpoint)
     run = run_agent(lab, WEATHER_QUESTION, tracer=tracer)
     tracer.shutdown()
-    # every model call's vLLM span and the agent's own spans (this process exports them apart, on its own clock)
     spans = wait_for_spans(lambda: phoenix_spans(store.url, tracer.last_trace_id),
-                           lambda found: (sum(s["name"] == LLM_REQUEST for s in found) >= len(run.steps)
-                                          and any(s["parent"] is None and s["name"] != LLM_REQUEST for s in found)
-                                          and all(s["parent"] for s in found if s["name"] == LLM_REQUEST)), 60)
+                           lambda found: trace_complete(found, len(run.steps)), 60)
     return run, spans
 
 

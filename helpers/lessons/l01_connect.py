@@ -392,7 +392,7 @@ def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestL
     restart (``--otlp-traces-endpoint``) and one back, whatever happened; on the cpu profile's local engine, one start
     of a traced copy beside it (``served_for_the_block``)."""
     from helpers.engine.trace_store import INSTALL_PHOENIX, TraceStore, phoenix_executable, with_tracing
-    from helpers.measure.tracing import LLM_REQUEST, AgentTracer, phoenix_spans, timeline, wait_for_spans
+    from helpers.measure.tracing import AgentTracer, phoenix_spans, timeline, trace_complete, wait_for_spans
 
     if not run:
         return None, ("Not run (RUN_GO_DEEPER is False): tracing restarts the engine. On a cluster the spans go to "
@@ -414,6 +414,6 @@ def trace_agent_run(lab: Lab, question: str, run: bool = True) -> tuple[RequestL
             traced = run_agent(lab, question, tracer=tracer)
             tracer.shutdown()
             spans = wait_for_spans(lambda: phoenix_spans(store.url, tracer.last_trace_id),
-                                   lambda found: sum(s["name"] == LLM_REQUEST for s in found) >= len(traced.steps), 60)
+                                   lambda found: trace_complete(found, len(traced.steps)), 60)
         rows = timeline(spans)
     return from_rows(rows, notes=(f"trace {tracer.last_trace_id} as Phoenix stored it ({len(spans)} spans)",)), store.url

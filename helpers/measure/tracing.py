@@ -233,6 +233,15 @@ def wait_for_spans(read: Callable[[], list[dict[str, Any]]], done: Callable[[lis
 
 # ---------------------------------------------------------------- a trace as a picture's input
 
+def trace_complete(spans: list[dict[str, Any]], model_calls: int) -> bool:
+    """True when a stored trace holds an agent run whole: a vLLM span for each of ``model_calls`` calls, each under
+    a span of the agent's, and the run's own root. The agent's spans and vLLM's reach the store apart (each process
+    exports on its own clock), so on a busy machine either may come first; ``wait_for_spans`` waits on this."""
+    llm = [s for s in spans if s["name"] == LLM_REQUEST]
+    return (len(llm) >= model_calls and all(s["parent"] for s in llm)
+            and any(s["parent"] is None and s["name"] != LLM_REQUEST for s in spans))
+
+
 def children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
     """The spans whose parent is ``parent``, oldest first."""
     return [s for s in spans if s["parent"] == parent["span_id"]]
