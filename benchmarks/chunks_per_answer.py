@@ -49,11 +49,16 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--port", default="8791", help="the engine's port (not the tests' 8765)")
     args = parser.parse_args()
+    # what compare_vllm_bench.vllm_command reads beyond these: its request matching, none of it undone here
+    args.range_ratio, args.warmups, args.same_seed, args.vllm_default_temperature = 0.0, 4, False, False
     os.environ.update(WORKSHOP_PORT=args.port, WORKSHOP_STATE_DIR=tempfile.mkdtemp(prefix="chunks-"))
     from helpers.core.settings import load_settings
     from helpers.engine.session import connect
     from helpers.measure.loadgen import run_load
     from helpers.measure.workloads import Load, Workload
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compare_vllm_bench import vllm_command
 
     settings = load_settings()
     lab = connect(settings)
@@ -63,15 +68,9 @@ def main() -> None:
         input_len = None
         for pair in range(args.pairs):
             name = f"vllm-{pair}.json"
-            subprocess.run([sys.executable, "-m", "helpers.engine.vllm_cli", "bench", "serve", "--backend",
-                            "openai-chat", "--base-url", settings.root_url, "--endpoint", "/v1/chat/completions",
-                            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
-                            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                            "--ignore-eos", "--num-prompts", str(args.requests), "--request-rate", "inf",
-                            "--max-concurrency", str(args.concurrency), "--num-warmups", "4", "--temperature", "0",
-                            "--seed", str(pair), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
-                            "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", name],
-                           check=True, capture_output=True)
+            # compare_vllm_bench's command (each pair its own seed, temperature 0), with every request's gaps kept
+            command = vllm_command(args, settings.root_url, model, tokenizer, pair, out)
+            subprocess.run([*command, "--save-detailed"], check=True, capture_output=True)
             result = json.loads((out / name).read_text())
             input_len = input_len or round(result["total_input_tokens"] / result["completed"])
             print(f"pair {pair} vllm bench serve  {describe(vllm_chunks(result))}; mean ITL "
