@@ -257,7 +257,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         restart_log = restart_log_for(out, path, settings.profile)
         try:
             run = run_notebook(path, out, parameters[path.name], timeout_s=args.cell_timeout,
-                               progress=True)  # a bar of the cells, with the section being run
+                               progress=True, core_only=args.core_only)  # a bar of the cells, with the section being run
         except NotebookRunError as err:
             print(f"FAILED {err}", file=sys.stderr)
             return 1
@@ -426,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(Path("build") / "executed"), help="where executed copies go")
     p.add_argument("--cell-timeout", type=number(int, 1), default=1800,
                    help="seconds one cell may run (a tuning or sweep cell takes 10+ min on a slow 2-core CPU)")
+    p.add_argument("--core-only", action="store_true",
+                   help="run each notebook's core path alone, every Go deeper cell removed, as the workshop does")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build-model", help=_summary(cmd_build_model))
     p.add_argument("--kind", choices=["agent", *SIBLING_STEPS, "qwen3"], default="agent")

@@ -156,18 +156,46 @@ class Exercise:
 
 
 def check_exercise(name: str, answer: Any, check: Callable[[Any], str | None], hint: str, explain: str = "") -> Exercise:
-    """Check the attendee's ``answer`` to the code exercise ``name``: None (not written yet) prints what to write and
-    the ``hint``; otherwise ``check(answer)`` returns None when it is right or the sentence that says what is wrong,
-    and a wrong answer fails with that sentence and the hint (an ``AssertionError``, as an assert would). ``explain``:
-    printed once it is right (the numbers behind it)."""
+    """Check the attendee's ``answer`` to the code exercise ``name``: None (not written yet) asks for an attempt and
+    shows no hint (STYLE.md: a hint comes after a wrong attempt, never before one); otherwise ``check(answer)``
+    returns None when it is right or the sentence that says what is wrong, and a wrong answer fails with that
+    sentence and the ``hint`` (an ``AssertionError``, as an assert would). ``explain``: printed once it is right."""
     if answer is None:
-        result = Exercise(name, False, f"replace the None and run the cell again. Hint: {hint}")
+        result = Exercise(name, False, NO_ATTEMPT)
         print(result)
         return result
     problem = check(answer)
     if problem:
         raise AssertionError(f"{name}: {problem} Hint: {hint}")
     result = Exercise(name, True, explain)
+    print(result)
+    return result
+
+
+NO_ATTEMPT = ("replace the None with your answer and run the cell again; a wrong answer shows what is wrong and a "
+              "hint, and the hidden cell below holds a worked solution")
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A worked solution's value, checked by the exercise's own check; it marks nothing right for the attendee."""
+
+    name: str
+    value: Any
+    detail: str
+
+    def __str__(self) -> str:
+        return f"The worked solution ({self.name}): {self.detail}".rstrip()
+
+
+def show_solution(name: str, value: Any, check: Callable[[Any], str | None], explain: str = "") -> Solution:
+    """Print a worked solution's ``value`` for exercise ``name``, checked by the same ``check`` as the attendee's answer
+    (an ``AssertionError`` if the solution itself is wrong). A solution cell calls this with its own names
+    (``solution_...``), so that "Run All" neither overwrites the attendee's answer nor marks it right."""
+    problem = check(value)
+    if problem:
+        raise AssertionError(f"the worked solution of {name} is wrong: {problem}")
+    result = Solution(name, value, explain or f"{value!r}")
     print(result)
     return result
 

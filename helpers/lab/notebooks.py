@@ -112,14 +112,26 @@ def _is_code(cell: nbformat.NotebookNode) -> bool:
     return cell.cell_type == "code" and bool(cell.source.strip())
 
 
+def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook with every Go deeper cell removed: what the workshop runs (``course_time.core_cells``'s rule)."""
+    from helpers.lab.course_time import core_cells
+
+    out = nbformat.from_dict(nb)
+    out.cells = [cell for cell, core in zip(nb.cells, core_cells(nb)) if core]
+    return out
+
+
 def run_notebook(path: Path, out_dir: Path = DEFAULT_OUT, parameters: dict[str, Any] | None = None,
-                 timeout_s: int = 1800, progress: bool | None = None) -> NotebookRun:
+                 timeout_s: int = 1800, progress: bool | None = None, core_only: bool = False) -> NotebookRun:
     """Execute one notebook top to bottom; raise NotebookRunError on the first failing cell. ``progress``: a bar of
-    the code cells with the section being run (``workshop run`` shows it; None: only inside a notebook kernel)."""
+    the code cells with the section being run (``workshop run`` shows it; None: only inside a notebook kernel).
+    ``core_only``: run the core path alone, every Go deeper cell removed, as the workshop does."""
     from helpers.core.progress import bar
 
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
+    if core_only:
+        nb = core_path(nb)
     inject_parameters(nb, parameters or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / path.name
@@ -386,3 +398,51 @@ def check_parameters(pairs: list[str], notebooks: dict[str, nbformat.NotebookNod
                 raise ParameterError(f"-p {pair}: {key} in {name} {err} (its default is {_show(default)}), "
                                      f"got {text!r}") from None
     return out
+
+
+def _code(source: str) -> str:
+    """A code cell's Python: IPython's ``%`` and ``!`` lines left out."""
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+def _bound_and_read(tree: ast.AST) -> tuple[set[str], list[tuple[str, int]]]:
+    """The names a cell binds at top level (assignments, imports, defs, loop and with targets, walrus) and the names
+    it reads (name, line) that a function, class or comprehension does not bind itself."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    read = [(n.id, n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    return bound, read
+
+
+def undefined_names(nb: nbformat.NotebookNode) -> list[str]:
+    """A sentence per name a code cell reads that no cell at or above it binds (nor Python's builtins): run on
+    ``core_path(nb)``, the names the core path needs from a Go deeper cell. A name bound anywhere in a cell counts
+    for the whole cell (a check for order across cells, not within one)."""
+    import builtins
+
+    known = set(dir(builtins)) | {"display", "get_ipython", "In", "Out", "_"}
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(_code(cell.source))
+        except SyntaxError as err:
+            problems.append(f"cell {index}: does not parse ({err.msg})")
+            continue
+        bound, read = _bound_and_read(tree)
+        known |= bound
+        for name, line in read:
+            if name not in known:
+                problems.append(f"cell {index} line {line}: {name!r} is read but no cell at or above binds it")
+    return problems
