@@ -19,7 +19,7 @@ from typing import Any
 from helpers.cli import args as cli_args
 from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
-from helpers.core.settings import load_settings
+from helpers.core.settings import GPU_MODEL, load_settings
 from helpers.core.vllm_args import ROUTER_POLICIES
 
 # The subcommands other modules register, by module, in --help's order: named here so that a module that cannot
@@ -305,23 +305,28 @@ def cmd_machine(args: argparse.Namespace) -> int:
 
 
 def cmd_course_time(args: argparse.Namespace) -> int:
-    """Per notebook: the core path's reading, CPU run and GPU restart minutes against 12; --write records them and
-    writes each notebook's Time line."""
+    """Per notebook, by the honest clock: the core path's minutes at the workshop (an estimate, restarts at the room's
+    time) and in self-study (measured on the CPU); --write records them and writes the Time lines, the facilitator
+    pages' minutes, the day's timetable (docs/facilitator/day.md) and start_here's table."""
     import subprocess
 
     from helpers.hardware.machine import cpu_info
     from helpers.lab import course_time as ct
+    from helpers.lab import day
 
     folder = Path(args.notebooks) if args.notebooks else kit_paths.kit_dir("notebooks")
     paths = ct.course_notebooks(folder)
     if not paths:
         return cli_args.error(f"--notebooks {folder}: no notebooks there (start_here.ipynb, NN_*.ipynb)")
-    restarts = ct.restart_rows(Path(args.restarts)) if args.restarts else None
-    rows = ct.course_times(paths, Path(args.cells), restarts)
+    if args.restarts and not Path(args.restarts).is_dir():
+        return cli_args.error(f"--restarts {args.restarts}: give the --out folder of `workshop run --core-only` on the "
+                              "k8s profile, or build/k8s-path after tests/test_k8s_path_notebooks.py")
+    changes = ct.restart_changes(Path(args.restarts)) if args.restarts else None
+    rows = ct.course_times(paths, Path(args.cells), changes, model_weight_bytes, GPU_MODEL)
     print("\n".join(ct.table_lines(rows)))
-    if restarts is None:
-        print("Restarts not measured: give --restarts with the output (or --out folder) of `workshop run` on the k8s "
-              "profile, or of tests/test_k8s_path_notebooks.py.")
+    if changes is None:
+        print("Restarts not measured: give --restarts with the --out folder of `workshop run --core-only` on the k8s "
+              "profile, or build/k8s-path after tests/test_k8s_path_notebooks.py.")
     if not args.write:
         return 0
     git = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True)
@@ -332,8 +337,27 @@ def cmd_course_time(args: argparse.Namespace) -> int:
     out = Path(args.record) if args.record else folder / ct.RECORD_NAME
     out.write_text(json.dumps(record, indent=1) + "\n")
     changed = ct.write_time_lines(paths, record)
-    print(f"wrote {out.name}; Time lines changed in: {', '.join(p.name for p in changed) or 'none'}")
+    docs = Path(args.docs)
+    changed += ct.write_facilitator_minutes(docs, record)
+    if docs.is_dir():
+        (docs / "day.md").write_text(day.page(record))
+    changed += ct.write_start_here_day(folder / "start_here.ipynb", day.side_by_side(record))
+    print(f"wrote {out.name} and the day's timetable; changed: {', '.join(p.name for p in changed) or 'nothing else'}")
+    for problem in day.problems(day.plan(record)):
+        print(f"The day does not fit: {problem}")
     return 0
+
+
+def model_weight_bytes(model: str) -> int | None:
+    """A lab model's weight bytes from its published config (helpers/data/configs), None for an unknown id."""
+    from helpers.planning.gpu_share import GpuShareError, lab_model_source
+    from helpers.planning.weights import weight_bytes
+
+    try:
+        source, dtype = lab_model_source(model)
+    except GpuShareError:
+        return None
+    return None if isinstance(source, str) else weight_bytes(source, dtype or "bf16")
 
 
 SIBLING_STEPS = {"moe": 250, "draft": 1200, "draft-untrained": 0}
@@ -453,11 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("course-time", help=_summary(cmd_course_time), description=cmd_course_time.__doc__)
     p.add_argument("--cells", default=str(kit_paths.work_root() / "build" / "notebook-cells"),
                    help="the per-cell seconds the local-path tests keep (default build/notebook-cells)")
-    p.add_argument("--restarts", default=None, metavar="PATH",
-                   help="a k8s-path run's restarts: the text `workshop run` printed, or its --out folder")
+    p.add_argument("--restarts", default=None, metavar="FOLDER",
+                   help="a k8s-path run's --out folder (NAME.restarts.jsonl beside NAME.ipynb), e.g. build/k8s-path")
     p.add_argument("--notebooks", default=None, help="the notebooks' folder (default the kit's notebooks/)")
     p.add_argument("--write", action="store_true", help="record into course_time.json and write the Time lines")
     p.add_argument("--record", default=None, help="where --write puts the record (default NOTEBOOKS/course_time.json)")
+    p.add_argument("--docs", default=str(kit_paths.kit_root() / "docs" / "facilitator"),
+                   help="the facilitator pages --write keeps current (their Minutes lines, day.md)")
     p.set_defaults(func=cmd_course_time)
     for module, commands in SUBCOMMAND_MODULES.items():
         _register(sub, module, commands)

@@ -1,15 +1,18 @@
-"""The course's time per notebook (issue 27 part 1): how long each notebook's core path takes at a live workshop.
+"""The course's time per notebook (issue 42, after issue 27): how long each notebook's core path takes, by the honest
+clock of ``helpers.lab.clock`` (its rules and their sources are there), in two columns: the workshop (the room of 30
+on the cluster: a person's minutes, the compute as an estimate, every core restart at the room's time) and self-study
+(a person's minutes and the CPU run measured here).
 
-Per notebook: the core path's words (markdown and code cells before the first that starts with a "## Go deeper"
-heading, and the closing "What we learned" section, read at WORDS_PER_MINUTE), its run time on the CPU path (the
-per-cell seconds the test suite keeps in ``build/notebook-cells/<test file>/<notebook>.json``, tests/timetable.py),
-its engine restarts on the cluster (the restart table of ``helpers.core.restarts``, from a k8s-path run, or "not
-measured") and their time on a GPU (``GPU_START_S``, cold, with its source), and the total against CORE_MINUTES_MAX.
+Per notebook: the core path (the cells before the first that starts with a "## Go deeper" heading, and the closing
+"What we learned" section), its run on the CPU path (the per-cell seconds the test suite keeps in
+``build/notebook-cells/<test file>/<notebook>.json``, tests/timetable.py) and its core restarts on the cluster (the
+changes in a k8s-path run's restart logs, ``restart_changes``; "not measured" without one).
 
 ``workshop course-time --write`` keeps the result in ``notebooks/course_time.json`` with its provenance (the machine,
-the commit, each run's parameters) and writes each notebook's "**Time:**" line from it: the lines are generated,
-never typed. ``time_line_problems`` checks the notebooks against the record. Everything here is a pure function of
-notebooks, records and texts it is given; the caller reads the machine and the commit.
+the commit, each run's parameters), writes each notebook's "**Time:**" line from it, and the day's timetable
+(``helpers.lab.day``): the lines are generated, never typed. ``time_line_problems`` checks the notebooks against the
+record. Everything here is a pure function of notebooks, records and texts it is given; the caller reads the machine
+and the commit.
 """
 
 from __future__ import annotations
@@ -20,18 +23,15 @@ import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import nbformat
 
 from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
-from helpers.core.restarts import (GO_DEEPER, GPU_START_S, GPU_START_SOURCE, RestartRow, count, decode_rows,
-                                   read_restarts)
+from helpers.core.restarts import GO_DEEPER, RestartRow, count, decode_rows, read_restarts
+from helpers.lab import clock
 
-WORDS_PER_MINUTE = 200  # issue 27: reading speed for the core path's text and code
-CORE_MINUTES_MAX = 12   # issue 27: a core path a workshop module finishes in 12 minutes
-RESTART_KIND = "cold"   # GPU_START_S's figure a restart is priced at (the upper bound: no compile cache)
 RECORD_NAME = "course_time.json"  # beside the notebooks
 CELLS_DIR = kit_paths.work_root() / "build" / "notebook-cells"  # tests/timetable.py writes it
 GENERATED_BY = "workshop course-time --write"
@@ -209,58 +209,87 @@ def restart_rows(path: Path) -> dict[str, RestartRow]:
     return out
 
 
+def restart_changes(path: Path) -> dict[str, list[str]]:
+    """The core path's restarts of each notebook, as their changes in order (``describe_change``'s words), from a
+    ``workshop run --out`` folder of the k8s profile (``NAME.restarts.jsonl`` beside the executed ``NAME.ipynb``): a
+    restart counts when it started in a core-path cell. {} for a folder with no log."""
+    from helpers.core.restarts import in_core_path
+    from helpers.lab.restarts import cell_windows
+
+    out: dict[str, list[str]] = {}
+    folder = Path(path)
+    for log in sorted(folder.glob("*.restarts.jsonl")) if folder.is_dir() else []:
+        stem = log.name.removesuffix(".restarts.jsonl")
+        executed = log.with_name(f"{stem}.ipynb")
+        if not executed.is_file():
+            raise CourseTimeError(f"{log.name}: the executed {stem}.ipynb is not beside it, so its restarts cannot be "
+                                  "placed on the core path; give the `workshop run --out` folder that holds both")
+        cells = cell_windows(nbformat.read(executed, as_version=4))
+        sections = list(dict.fromkeys(section for section, _, _ in cells))
+        out[stem] = [r.change for r in read_restarts(log)
+                     if in_core_path(next((s for s, a, b in cells if a <= r.started <= b), ""), sections)]
+    return out
+
+
 # ---------------------------------------------------------------- one notebook's row
 
 @dataclass(frozen=True)
 class CourseTime:
-    """One notebook's core path: words, reading minutes, CPU run seconds, restarts and their GPU minutes, the total
-    (None where a part is not measured) and whether it is within CORE_MINUTES_MAX (None: cannot tell)."""
+    """One notebook's core path by the honest clock (helpers/lab/clock.py): the person's work, the CPU run, the
+    room's restarts, and both columns (None where a part is not measured)."""
 
     notebook: str
     core_words: int
     all_words: int
+    prose_words: int
+    code_words: int
+    code_cells: int
+    exercises: int
+    predictions: int
     reading_min: float
+    cells_min: float
+    tasks_min: float
+    person_min: float
     run_s: float | None
     deeper_run_s: float | None
     unmatched_cells: int
-    restarts_core: int | None
-    restarts_all: int | None
-    gpu_restart_min: float | None
-    total_min: float | None
-    known_min: float
-    within: bool | None
+    restarts: list[dict[str, Any]] | None  # each core restart: change, kind (storm/flags/back), seconds, why
+    restart_min: float | None
+    workshop_min: float | None
+    self_study_min: float | None
     run: dict[str, str] | None  # the test, when and with which parameters the CPU run was recorded
     helper_only: int = 0  # code cells that are only a helper call (only_helper_calls), of
-    code_cells: int = 0  # the code cells, the parameters cell left out
+    code_cells_all: int = 0  # the code cells, the parameters cell left out
+
+    @property
+    def restarts_core(self) -> int | None:
+        return None if self.restarts is None else len(self.restarts)
 
     def missing(self) -> list[str]:
-        """The parts of the total that were not measured."""
-        return [name for name, value in (("CPU run", self.run_s), ("restarts", self.restarts_core)) if value is None]
+        """The parts of the columns that were not measured."""
+        return [name for name, value in (("CPU run", self.run_s), ("restarts", self.restarts)) if value is None]
 
 
-def course_time(stem: str, nb: nbformat.NotebookNode, cells: dict[str, Any] | None,
-                restarts: RestartRow | None) -> CourseTime:
-    """A notebook's course time from its source, its cells record (None: not run here) and its restart row (None:
-    not measured)."""
+def course_time(stem: str, nb: nbformat.NotebookNode, cells: dict[str, Any] | None, changes: list[str] | None,
+                model_bytes: Callable[[str], int | None] = lambda model: None, baseline: str = "") -> CourseTime:
+    """A notebook's course time from its source, its cells record (None: not run here) and its core path's restart
+    changes on the cluster (None: not measured), priced by ``clock.price_restarts`` with ``model_bytes``."""
     try:
         flags = core_cells(nb)
     except CourseTimeError as err:
         raise CourseTimeError(f"{stem}: {err}") from None
-    core_words = sum(words(c.source) for c, core in zip(nb.cells, flags) if core)
-    all_words = sum(words(c.source) for c in nb.cells)
-    reading_min = core_words / WORDS_PER_MINUTE
+    work = clock.core_work(nb, flags)
     times = split_cell_times(nb, cells) if cells else None
-    run_s = times.core_s if times else None
-    gpu_min = restarts.core * GPU_START_S[RESTART_KIND] / 60 if restarts else None
-    known = reading_min + (run_s or 0) / 60 + (gpu_min or 0)
-    total = known if run_s is not None and gpu_min is not None else None
-    within = (total <= CORE_MINUTES_MAX) if total is not None else (False if known > CORE_MINUTES_MAX else None)
+    priced = None if changes is None else clock.price_restarts(changes, baseline, model_bytes)
+    both = clock.columns(work, times.core_s if times else None, priced)
     run = {"test": times.test, "recorded_at": times.recorded_at, "parameters": times.parameters} if times else None
-    return CourseTime(stem, core_words, all_words, round(reading_min, 2), run_s, times.deeper_s if times else None,
-                      times.unmatched if times else 0, restarts.core if restarts else None,
-                      restarts.total if restarts else None, None if gpu_min is None else round(gpu_min, 2),
-                      None if total is None else round(total, 2), round(known, 2), within, run,
-                      *helper_only_cells(nb))
+    return CourseTime(stem, sum(words(c.source) for c, core in zip(nb.cells, flags) if core),
+                      sum(words(c.source) for c in nb.cells), work.prose_words, work.code_words, work.code_cells,
+                      work.exercises, work.predictions, round(work.reading_min, 2), round(work.cells_min, 2),
+                      round(work.tasks_min, 2), both.person_min, times.core_s if times else None,
+                      times.deeper_s if times else None, times.unmatched if times else 0,
+                      None if priced is None else [asdict(r) for r in priced], both.restart_min, both.workshop_min,
+                      both.self_study_min, run, *helper_only_cells(nb))
 
 
 def course_notebooks(folder: Path) -> list[Path]:
@@ -269,16 +298,16 @@ def course_notebooks(folder: Path) -> list[Path]:
     return [p for p in [folder / "start_here.ipynb"] if p.is_file()] + sorted(folder.glob("[0-9][0-9]_*.ipynb"))
 
 
-def course_times(paths: Sequence[Path], cells_dir: Path = CELLS_DIR,
-                 restarts: dict[str, RestartRow] | None = None) -> list[CourseTime]:
-    """The course time of each notebook in ``paths``; ``restarts`` by notebook from a k8s-path run (a notebook it
-    lacks, or None for all: not measured)."""
+def course_times(paths: Sequence[Path], cells_dir: Path = CELLS_DIR, changes: dict[str, list[str]] | None = None,
+                 model_bytes: Callable[[str], int | None] = lambda model: None, baseline: str = "") -> list[CourseTime]:
+    """The course time of each notebook in ``paths``; ``changes``: the core restarts by notebook from a k8s-path run
+    (a numbered notebook it lacks, or None for all: not measured; start_here restarts nothing)."""
     out = []
     for path in paths:
         path = Path(path)
         nb = nbformat.read(path, as_version=4)
-        out.append(course_time(path.stem, nb, cells_record(cells_dir, path.stem),
-                               None if restarts is None else restarts.get(path.stem)))
+        mine = [] if path.stem == "start_here" else None if changes is None else changes.get(path.stem)
+        out.append(course_time(path.stem, nb, cells_record(cells_dir, path.stem), mine, model_bytes, baseline))
     return out
 
 
@@ -288,46 +317,44 @@ def _minutes(value: float | None) -> str:
     return "not measured" if value is None else f"{value:.1f}"
 
 
-def verdict(row: CourseTime) -> str:
-    """Whether the core path is within CORE_MINUTES_MAX, in words."""
-    if row.within is None:
-        return f"cannot tell ({', '.join(row.missing())} not measured; {row.known_min:.1f} min known)"
-    if row.within:
-        return "yes"
-    return f"no (over {CORE_MINUTES_MAX} min" + (f": at least {row.known_min:.1f}, {', '.join(row.missing())} not "
-                                                "measured)" if row.missing() else ")")
+def _restart_words(row: CourseTime) -> str:
+    if row.restarts is None:
+        return "not measured"
+    kinds = [r["kind"] for r in row.restarts]
+    return f"{len(kinds)}" + (f" ({', '.join(f'{kinds.count(k)} {k}' for k in ('storm', 'flags', 'back') if k in kinds)})"
+                              if kinds else "")
 
 
 def table_lines(rows: Sequence[CourseTime]) -> list[str]:
-    """The course-time table: per notebook the core words, reading, CPU run and restart minutes, the total and the
-    verdict; then how each column was computed."""
-    header = ("notebook", "core words", "reading min", "CPU run min", "restarts core/all", "GPU restarts min",
-              "total min", f"within {CORE_MINUTES_MAX} min", "helper-only code cells")
-    body = [(r.notebook, f"{r.core_words:,}", f"{r.reading_min:.1f}",
+    """The course-time table, both columns: per notebook a person's minutes (reading, cells, exercises and
+    predictions), the CPU run, the room's restarts, the workshop's and self-study's totals; then the rules."""
+    header = ("notebook", "reading", "cells", "ex+pred", "CPU run (measured)", "restarts on the day", "restart min",
+              "workshop min (estimate)", "self-study min")
+    body = [(r.notebook, f"{r.reading_min:.1f}", f"{r.cells_min:.1f}", f"{r.tasks_min:.0f} ({r.exercises}+{r.predictions})",
              _minutes(None if r.run_s is None else r.run_s / 60) + (f" ({r.unmatched_cells} cells unmatched)"
                                                                     if r.unmatched_cells else ""),
-             "not measured" if r.restarts_core is None else f"{r.restarts_core}/{r.restarts_all}",
-             _minutes(r.gpu_restart_min), _minutes(r.total_min), verdict(r),
-             f"{r.helper_only}/{r.code_cells}") for r in rows]
+             _restart_words(r), _minutes(r.restart_min), _minutes(r.workshop_min), _minutes(r.self_study_min))
+            for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *body]]
-    return lines + [f"Reading: the core path's markdown and code at {WORDS_PER_MINUTE} words a minute (the cells before "
-                    f"the first '## {GO_DEEPER}' heading, and the closing 'What we learned'). CPU run: the core cells' "
-                    "seconds the local-path tests recorded (build/notebook-cells/), the CPU engine's own starts included. "
-                    f"GPU restarts: the core path's restarts on the cluster x {GPU_START_S[RESTART_KIND]:.0f} s "
-                    f"({RESTART_KIND}; {GPU_START_SOURCE}). Helper-only: code cells (the parameters cell left out) "
-                    f"with no arithmetic, branch or loop outside the arguments of {', '.join(SHOWN_CALLS)}."]
+    return lines + [f"A person: {clock.RULES}. The core path: the cells before the first '## {GO_DEEPER}' heading, and the "
+                    "closing 'What we learned'. CPU run: the core cells' seconds the local-path tests recorded "
+                    "(build/notebook-cells/), the CPU engine's own starts included; self-study = a person + the CPU run. "
+                    f"Workshop: a person + the compute ({clock.WORKSHOP_RUN_SOURCE}) + each core restart at the room's time "
+                    f"({clock.RESTART_SOURCE})."]
 
 
 # ---------------------------------------------------------------- the record and the Time lines
 
 def make_record(rows: Sequence[CourseTime], machine: dict[str, Any], commit: str, restarts_source: str) -> dict[str, Any]:
     """The committed record of one ``course-time`` run: its rows and their provenance (the machine the CPU runs were
-    timed on, the commit, where the restarts came from, the figures used)."""
-    return {"generated_by": GENERATED_BY, "commit": commit, "machine": machine, "words_per_minute": WORDS_PER_MINUTE,
-            "core_minutes_max": CORE_MINUTES_MAX, "gpu_start_s": GPU_START_S[RESTART_KIND],
-            "gpu_start_kind": RESTART_KIND, "gpu_start_source": GPU_START_SOURCE, "restarts_source": restarts_source,
-            "notebooks": [asdict(r) for r in rows]}
+    timed on, the commit, where the restarts came from, the rules and figures used)."""
+    return {"generated_by": GENERATED_BY, "commit": commit, "machine": machine, "rules": clock.RULES,
+            "prose_wpm": clock.PROSE_WPM, "code_wpm": clock.CODE_WPM, "cell_s": clock.CELL_S,
+            "exercise_min": clock.EXERCISE_MIN, "prediction_min": clock.PREDICTION_MIN, "room_size": clock.ROOM_SIZE,
+            "restart_source": clock.RESTART_SOURCE, "workshop_run_source": clock.WORKSHOP_RUN_SOURCE,
+            "restarts_source": restarts_source,
+            "notebooks": [{**asdict(r), "restarts_core": r.restarts_core} for r in rows]}
 
 
 def read_record(path: Path) -> dict[str, Any]:
@@ -348,24 +375,29 @@ def _machine_words(machine: dict[str, Any]) -> str:
     return f"{machine.get('cores', '?')}-core {machine.get('cpu', 'CPU')} ({machine.get('isa', '?')})"
 
 
+def _about(value: float | None) -> str:
+    return "not measured" if value is None else f"about {math.ceil(value)} minutes"
+
+
 def time_line(entry: dict[str, Any], record: dict[str, Any]) -> str:
     """A notebook's "**Time:**" line, from its entry in the record (nothing typed)."""
-    parts = [f"{entry['reading_min']:.1f} reading ({entry['core_words']:,} words at {record['words_per_minute']} a minute)"]
-    parts.append("the CPU run not measured" if entry["run_s"] is None else
-                 f"{entry['run_s'] / 60:.1f} running on the CPU path (a {_machine_words(record['machine'])})")
-    if entry["restarts_core"] is None:
-        parts.append("engine restarts on a GPU not measured")
+    restarts = entry["restarts"]
+    if restarts is None:
+        room = "its engine restarts on the day not measured"
+    elif not restarts:
+        room = "no engine restart"
     else:
-        each = f"{record['gpu_start_s']:.0f} s each, {record['gpu_start_kind']}"
-        parts.append(f"{entry['gpu_restart_min']:.1f} for {entry['restarts_core']} engine restart"
-                     f"{'' if entry['restarts_core'] == 1 else 's'} on a GPU ({each})")
-        extra = entry["restarts_all"] - entry["restarts_core"]
-        if extra:
-            parts[-1] += f"; the Go deeper sections add {extra} restart{'' if extra == 1 else 's'}"
-    total = (f"about {math.ceil(entry['total_min'])} minutes" if entry["total_min"] is not None
-             else f"at least {math.ceil(entry['known_min'])} minutes")
-    return (f"**Time:** the core path takes {total}: {'; '.join(parts)}. Generated by `{GENERATED_BY}` "
-            f"(notebooks/{RECORD_NAME}, commit {record['commit'][:12]}).")
+        kinds = [r["kind"] for r in restarts]
+        room = (f"{len(kinds)} engine restart{'' if len(kinds) == 1 else 's'} "
+                f"({', '.join(f'{kinds.count(k)} {k}' for k in ('storm', 'flags', 'back') if k in kinds)}) at the "
+                f"room's time, {entry['restart_min']:.1f} min")
+    run = ("the CPU run not measured" if entry["run_s"] is None else
+           f"{entry['run_s'] / 60:.1f} min running on a {_machine_words(record['machine'])}")
+    return (f"**Time:** the core path takes {_about(entry['workshop_min'])} at the workshop (an estimate: "
+            f"{entry['person_min']:.1f} min reading, running cells, {entry['exercises']} exercise"
+            f"{'' if entry['exercises'] == 1 else 's'} and {entry['predictions']} prediction"
+            f"{'' if entry['predictions'] == 1 else 's'}; {room}) and {_about(entry['self_study_min'])} in self-study "
+            f"({run}). Generated by `{GENERATED_BY}` (notebooks/{RECORD_NAME}, commit {record['commit'][:12]}).")
 
 
 def time_lines(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
@@ -432,3 +464,86 @@ def write_time_lines(paths: Sequence[Path], record: dict[str, Any]) -> list[Path
             nbformat.write(nb, path)
             changed.append(path)
     return changed
+
+
+# ---------------------------------------------------------------- the record against the notebooks as they are
+
+COUNTED = ("prose_words", "code_words", "code_cells", "exercises", "predictions")  # what an edit of a core path moves
+
+
+def record_problems(paths: Sequence[Path], record: dict[str, Any]) -> list[str]:
+    """A sentence per notebook whose core path no longer counts what the record says (an edit since the record was
+    written): the record must be regenerated."""
+    entries, out = _entries(record), []
+    for path in map(Path, paths):
+        entry = entries.get(path.stem)
+        if entry is None:
+            out.append(f"{path.name}: not in the record; regenerate it with `{GENERATED_BY}`")
+            continue
+        nb = nbformat.read(path, as_version=4)
+        work = asdict(clock.core_work(nb, core_cells(nb)))
+        moved = [f"{k} {entry.get(k)} -> {work[k]}" for k in COUNTED if entry.get(k) != work[k]]
+        if moved:
+            out.append(f"{path.name}: its core path changed since the record ({'; '.join(moved)}); run `{GENERATED_BY}`")
+    return out
+
+
+_MINUTES_LINE = re.compile(r"^\*\*Minutes:\*\*.*$", re.M)
+
+
+def minutes_line(entry: dict[str, Any], record: dict[str, Any]) -> str:
+    """A facilitator page's "**Minutes:**" line, from the notebook's entry in the record."""
+    restarts = entry.get("restarts")
+    storms = sum(r["kind"] == "storm" for r in restarts or [])
+    return (f"**Minutes:** the core path takes {_about(entry['workshop_min'])} at the workshop (an estimate; "
+            f"{'restarts not measured' if restarts is None else f'{len(restarts)} restarts, {storms} of them storms'}) "
+            f"and {_about(entry['self_study_min'])} in self-study. Generated by `{GENERATED_BY}` from "
+            f"notebooks/{RECORD_NAME} (commit {record['commit'][:12]}); the day's timetable is [day.md](day.md).")
+
+
+def write_facilitator_minutes(docs: Path, record: dict[str, Any]) -> list[Path]:
+    """Put each notebook's "**Minutes:**" line into its facilitator page (docs/facilitator/NN.md), after the title
+    (replaced when there is one); the pages changed."""
+    changed = []
+    for entry in record["notebooks"]:
+        page = Path(docs) / f"{entry['notebook'][:2]}.md"
+        if not re.match(r"\d\d_", entry["notebook"]) or not page.is_file():
+            continue
+        text, line = page.read_text(), minutes_line(entry, record)
+        new = _MINUTES_LINE.sub(line, text, count=1) if _MINUTES_LINE.search(text) else text.replace(
+            "\n", f"\n\n{line}\n", 1)
+        if new != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed
+
+
+def minutes_problems(docs: Path, record: dict[str, Any]) -> list[str]:
+    """A sentence per facilitator page whose "**Minutes:**" line is not the record's."""
+    out = []
+    for entry in record["notebooks"]:
+        page = Path(docs) / f"{entry['notebook'][:2]}.md"
+        if not re.match(r"\d\d_", entry["notebook"]):
+            continue
+        found = _MINUTES_LINE.findall(page.read_text()) if page.is_file() else []
+        if found != [minutes_line(entry, record)]:
+            out.append(f"{page.name}: its Minutes line is not the record's; run `{GENERATED_BY}`")
+    return out
+
+
+def write_start_here_day(path: Path, block: str) -> list[Path]:
+    """Put the day's side-by-side table (``day.side_by_side``) into start_here's markdown cell that holds the
+    generated block, or the last markdown cell; [path] when it changed."""
+    from helpers.lab.day import block_of, replace_block
+
+    if not Path(path).is_file():
+        return []
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "markdown"]
+    cell = next((c for c in cells if block_of(c.source) is not None), cells[-1])
+    new = replace_block(cell.source, block)
+    if new == cell.source:
+        return []
+    cell.source = new
+    nbformat.write(nb, path)
+    return [Path(path)]
