@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 import notebook_cells
+from helpers.core.lesson import NO_ATTEMPT
 from helpers.lab.notebooks import NOTEBOOK_DIR
 
 NB06 = NOTEBOOK_DIR / "06_speculative_decoding.ipynb"
@@ -35,17 +36,22 @@ def answered(source: str, name: str, answer: str) -> str:
 N06 = {"EXERCISE_A": 0.7, "NUM_SPECULATIVE_TOKENS": 3}
 
 
-def test_06_asks_before_it_is_written(capsys):
+def test_06_asks_before_it_is_written_and_shows_no_hint_yet(capsys):
     run(tagged(NB06, "exercise").source, **N06)
-    assert capsys.readouterr().out.startswith("Your turn (tokens per step): replace the None and run the cell again. Hint: ")
+    out = capsys.readouterr().out
+    assert out.startswith("Your turn (tokens per step): ") and NO_ATTEMPT in out
+    assert "Hint" not in out and "a^k" not in out  # the hint comes after a wrong attempt, never before one
 
 
-def test_06_the_worked_solution_passes(capsys):
+def test_06_the_worked_solution_passes_and_leaves_the_learners_answer_alone(capsys):
     cell = tagged(NB06, "solution")
     assert cell.metadata["jupyter"]["source_hidden"] is True
-    run(tagged(NB06, "exercise").source + "\n\n" + cell.source, **N06)
-    assert capsys.readouterr().out.splitlines()[-1] == ("✔ tokens per step: right. E = 2.533 tokens per step at a = 0.7, "
-                                                        "k = 3; every guess kept would give 4.")
+    names = run(tagged(NB06, "exercise").source + "\n\n" + cell.source, **N06)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("The worked solution (tokens per step): E = 2.533 tokens per step at a = 0.7, k = 3; every guess "
+                       "kept would give 4.")
+    assert names["my_tokens_per_step"] is None and "✔" not in "\n".join(out)  # not overwritten, not marked right
+    assert names["solution_tokens_per_step"] == pytest.approx(2.533, abs=1e-3)
 
 
 @pytest.mark.parametrize("answer, says", [

@@ -165,6 +165,35 @@ def test_a_speculative_step_cheaper_than_a_plain_one_reads_as_a_busy_machine_not
     assert honest["consistent"] and method_conclusion(honest, expect="worse").verdict == SHOWN
 
 
+def two_concurrencies(low_spec, high_spec, low_tpot=10.0, high_tpot=10.0):
+    """Section 3's table: no speculation and the aligned draft at concurrencies 1 and 8, two repeats each."""
+    table = pd.concat([runs([100, 102], low_spec, 1, spec_tpot=low_tpot),
+                       runs([400, 404], high_spec, 8, spec_tpot=high_tpot)], ignore_index=True)
+    return speedups(table, k={ALIGNED: 3})
+
+
+@pytest.mark.parametrize("spec, outcome", [([150, 148], "faster"), ([40, 42], "slower"), ([99, 103], "about the same")])
+def test_the_one_stream_prediction_follows_the_measured_verdict(spec, outcome):
+    from helpers.lessons.l06 import SPEED_CHOICES, one_stream_outcome
+
+    found, detail = one_stream_outcome(two_concurrencies(spec, [400, 404]), ALIGNED)
+    assert found == outcome and found in SPEED_CHOICES and "concurrency 1:" in detail
+    assert one_stream_outcome(two_concurrencies(spec, [400, 404]), "another draft")[0] == "about the same"
+
+
+def test_the_core_summary_reads_section_3_alone_both_ways():
+    from helpers.lessons.l06 import core_conclusions
+
+    faster = core_conclusions(two_concurrencies([150, 148], [404, 400], low_tpot=6.7), ALIGNED, profile="gpu")
+    assert [c.verdict for c in faster[:2]] == [SHOWN, ""]  # faster at concurrency 1, no expectation at 8
+    assert "shrinks" in faster[2].text and faster[2].verdict == SHOWN and faster[-1].text.startswith("GPU:")
+    slower = core_conclusions(two_concurrencies([40, 42], [200, 204], low_tpot=25.0), ALIGNED, {ALIGNED: ["json"]})
+    assert slower[0].verdict == NOT_SHOWN and "slower" in slower[0].text and "eval regressed in json" in slower[0].text
+    assert slower[-1].text.startswith("CPU vs GPU:") and len(slower) == 4
+    assert not any("misaligned" in c.text for c in slower)  # Go deeper's methods are not read on the core path
+    assert core_conclusions(two_concurrencies([150, 148], [404, 400]), "another draft")[0].verdict == WITHIN_NOISE
+
+
 # ---------------------------------------------------------------- prompt lookup by hand, the method map
 
 from helpers.lessons.l06 import copied_text_lookup, lookup_outcome, method_map, prompt_lookup_length  # noqa: E402

@@ -275,3 +275,35 @@ def formula_conclusion(table: pd.DataFrame, within: float = 0.1) -> Conclusion:
 def length_gain_outcome(gain_tokens: float) -> str:
     """'under 0.25 tokens', '0.25 to 1 token' or 'over 1 token' per step."""
     return "under 0.25 tokens" if gain_tokens < 0.25 else "0.25 to 1 token" if gain_tokens <= 1 else "over 1 token"
+
+
+SPEED_CHOICES = ("faster", "about the same", "slower")
+
+
+def one_stream_outcome(table: pd.DataFrame, name: str) -> tuple[str, str]:
+    """Notebook 06's core prediction: is ``name`` faster than no speculation at the lowest concurrency of a
+    ``speedups`` table? (one of ``SPEED_CHOICES``, judged against the repeats' spread; the sentence with the numbers)."""
+    rows = table[table.config == name].sort_values("concurrency")
+    if not len(rows):
+        return "about the same", f"{name} was not measured"
+    row = rows.iloc[0].to_dict()
+    outcome = {BETTER: "faster", WORSE: "slower"}.get(row["_verdict"].label, "about the same")
+    return outcome, method_conclusion(row).text
+
+
+def core_conclusions(table: pd.DataFrame, aligned: str, regressed: dict[str, list[str]] | None = None,
+                     profile: str = "cpu") -> list[Conclusion]:
+    """Notebook 06's "what we learned" on the core path, from section 3's ``speedups`` table alone (no speculation
+    and the aligned draft): the aligned draft at each concurrency (expected faster at the lowest), its trend with
+    concurrency and the CPU vs GPU caveat. ``speculation_conclusions`` adds Go deeper's methods and k."""
+    rows = table[table.config == aligned].sort_values("concurrency")
+    if not len(rows):
+        return [Conclusion(f"{aligned} was not measured in this run", WITHIN_NOISE)]
+    lowest = rows.concurrency.min()
+    out = [method_conclusion(r.to_dict(), BETTER if r.concurrency == lowest else None, (regressed or {}).get(aligned))
+           for _, r in rows.iterrows()]
+    if len(rows) >= 2:
+        out.append(trend_conclusion(aligned, rows.iloc[0].to_dict(), rows.iloc[-1].to_dict()))
+    low = rows[(rows.concurrency == lowest) & rows.consistent]
+    out.append(speculation_caveat(profile, low.draft_cost_x.iloc[0] if len(low) else None))
+    return out
