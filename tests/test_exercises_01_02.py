@@ -1,7 +1,8 @@
 """The code exercises of notebooks 01 (TPOT from the recorded chunks) and 02 (KV bytes per token from config.json), run
-from the notebooks' own cells (tags ``exercise`` and ``solution``, no engine): the worked solution passes its check, a
-wrong answer fails with the sentence that says what is wrong, and the learner's ``None`` asks for an answer without
-failing. The solution cell is collapsed in JupyterLab."""
+from the notebooks' own cells (tags ``exercise`` and ``solution``, no engine): the worked solution passes its check in
+names of its own (the learner's answer left alone, nothing marked right), a wrong answer fails with the sentence that
+says what is wrong and the hint, and the learner's ``None`` asks for an answer without failing and without the hint.
+The solution cell is collapsed in JupyterLab."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from fakes import recorded_stream
 from notebook_cells import run_cells as run, tagged, with_answer
-from helpers.lessons.l01_connect import tpot_check
-from helpers.lessons.l02_memory import kv_bytes_check
+from helpers.lessons.l01_connect import TPOT_HINT, tpot_check
+from helpers.lessons.l02_memory import KV_BYTES_HINT, kv_bytes_check
 from helpers.planning.kv import kv_cache_bytes
 from helpers.planning.shape import REFERENCE_CONFIGS, load_config
 
@@ -29,18 +30,21 @@ def timing_with_a_multi_token_chunk():
                             (0.290, 8, "h")])
 
 
-def test_01_the_worked_solution_passes(capsys):
+def test_01_the_worked_solution_passes_and_leaves_the_answer_alone(capsys):
     timing = timing_with_a_multi_token_chunk()
     space = run(tagged(NB01, "exercise").source, tagged(NB01, "solution").source, timing=timing)
-    assert space["my_tpot_s"] == pytest.approx(timing.tpot_s) == pytest.approx(0.170 / 7)
-    assert "✔ TPOT from the chunks: right. 24.29 ms per token" in capsys.readouterr().out
+    assert space["solution_tpot_s"] == pytest.approx(timing.tpot_s) == pytest.approx(0.170 / 7)
+    assert space["my_tpot_s"] is None  # "Run All" leaves the learner's answer as written
+    out = capsys.readouterr().out
+    assert "The worked solution (TPOT from the chunks): 24.29 ms per token" in out and "right" not in out
 
 
-def test_01_none_asks_for_an_answer_and_does_not_fail(capsys):
+def test_01_none_asks_for_an_answer_without_the_hint(capsys):
     result = run(tagged(NB01, "exercise").source, timing=timing_with_a_multi_token_chunk())
     assert result["my_tpot_s"] is None
     out = capsys.readouterr().out
-    assert "Your turn (TPOT from the chunks): replace the None" in out and "Hint: the decode runs" in out
+    assert "Your turn (TPOT from the chunks): replace the None" in out
+    assert "Hint" not in out and TPOT_HINT not in out
 
 
 @pytest.mark.parametrize("answer, says", [
@@ -71,16 +75,20 @@ def config_fields(model: str = "Qwen3-4B") -> dict:
             "d": cfg.get("head_dim") or H // n_q, "CONVERSATION_TOKENS": 8192, "GIB": 2**30}
 
 
-def test_02_the_worked_solution_passes_and_matches_the_planner(capsys):
+def test_02_the_worked_solution_passes_matches_the_planner_and_leaves_the_answer_alone(capsys):
     space = run(tagged(NB02, "exercise").source, tagged(NB02, "solution").source, **config_fields())
-    assert space["kv_bytes_by_hand"] == kv_cache_bytes(REFERENCE_CONFIGS / "Qwen3-4B.json").bytes_per_token == 147_456
+    assert space["solution_kv_bytes"] == kv_cache_bytes(REFERENCE_CONFIGS / "Qwen3-4B.json").bytes_per_token == 147_456
+    assert space["kv_bytes_by_hand"] is None  # "Run All" leaves the learner's answer as written
     out = capsys.readouterr().out
-    assert "✔ KV bytes per token: right." in out and "by hand: 147,456 bytes of KV cache per token" in out
+    assert "The worked solution (KV bytes per token): by hand, 147,456 bytes of KV cache per token" in out
+    assert "right" not in out
 
 
-def test_02_none_asks_for_an_answer_and_does_not_fail(capsys):
+def test_02_none_asks_for_an_answer_without_the_hint(capsys):
     assert run(tagged(NB02, "exercise").source, **config_fields())["kv_bytes_by_hand"] is None
-    assert "Your turn (KV bytes per token): replace the None" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Your turn (KV bytes per token): replace the None" in out
+    assert "Hint" not in out and KV_BYTES_HINT not in out
 
 
 @pytest.mark.parametrize("answer, says", [

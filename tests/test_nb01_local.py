@@ -20,16 +20,17 @@ def test_notebook_01_runs_top_to_bottom(lab, tmp_path):
     assert re.search(r"\d+ chunks with text: TTFT [\d.]+ ms, TPOT [\d.]+ ms", text)
     assert re.search(r"tool results sent back: \['\{.*\}'\]\nanswer: ", text)
     assert "tool call parsed by vLLM: {'name': 'get_weather', 'arguments': {'city': 'Paris'}}" in text
-    # the code exercise: the learner's None asks, the worked solution passes its check
+    # the code exercise: the learner's None asks (no hint yet), the worked solution passes its check in its own name
     assert "Your turn (TPOT from the chunks): replace the None" in text
-    assert re.search(r"✔ TPOT from the chunks: right\. [\d.]+ ms per token", text)
+    assert re.search(r"The worked solution \(TPOT from the chunks\): [\d.]+ ms per token", text)
+    assert "✔ TPOT from the chunks: right" not in text  # "Run All" marks nothing right for the learner
     # the thinking model: tiny-qwen3 started beside the baseline, its reasoning beside its tool call, stopped after
     assert "serving tiny-qwen3, the thinking stand-in, with --reasoning-parser qwen3 on port" in text
     assert re.search(r"reasoning \(\d+ tokens\): '.+'", text)
     assert re.search(r"What you should see: the model thinks first.*\n  ✔ seen in this run: tiny-qwen3 thought first "
                      r"\(\d+ words, \d+ reasoning tokens of \d+\), then called get_weather\(", text)
     assert lab.engine.config().served_name == "tiny-agent" and "--reasoning-parser" not in lab.engine.args()
-    assert text.count("(made by the test run)") == 2  # the two predictions, after the Go deeper heading
+    assert text.count("(made by the test run)") == 2  # the two predictions, on the core path
     assert "What we learned" in "".join(c.source for c in nbformat.read(run.output, as_version=4).cells)
     assert re.search(r"the prompt went from \d[\d,]* to \d[\d,]* tokens", text)
     # the stream's pace is judged from the gaps as they arrived, whichever way it went

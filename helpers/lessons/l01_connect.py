@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from helpers.core.models import by_profile, lesson_model
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, report
 from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
-                                 show_conclusions)
+                                 show_conclusions, show_solution)
 from helpers.core.progress import steps
 from helpers.engine.session import REASONING_PARSER, served_for_the_block, thinking_model_served
 from helpers.evals.agent import AgentRun, prompt_tokens_with_tools, run_agent
@@ -53,9 +53,10 @@ __all__ = [
     "LENGTH_CHOICES", "length_outcome", "TOOL_TAX_CHOICES", "tool_tax_outcome", "rent_vs_own_costs",
     "conclude_cache", "conclude_break_even", "not_cost_table", "runtimes_table", "RUNTIMES", "tpot_check", "TPOT_HINT",
     "conclude_thinking", "one_request_life", "conclude_request_life",
-    "trace_agent_run",
+    "trace_agent_run", "ANSWERS",
     # from the floors below, for the notebook
-    "Conclusion", "report", "check_exercise", "check_prediction", "should_see", "should_see_conclusion",
+    "Conclusion", "report", "check_exercise", "show_solution", "check_prediction", "should_see",
+    "should_see_conclusion",
     "show_conclusions", "steps", "prompt_tokens_with_tools", "run_agent", "check_quiet", "plots", "stream_chat",
     "time_lengths", "api_cost_usd", "api_usd_per_million_output_tokens", "own_usd_per_million_output_tokens", "TOOLS",
     "call_tool", "api_price", "engine_price", "REASONING_PARSER", "thinking_model_served", "by_profile",
@@ -64,6 +65,16 @@ __all__ = [
 
 # A gap between chunks longer than this many times the median gap counts as a stall (not a steady pace).
 STALL_FACTOR = 3.0
+
+# issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "Write it yourself: TPOT from the recorded chunks": ("over the tokens after the first",
+                                                         "sum(timing.chunk_tokens) - 1"),
+    "Exercise 1: a twice longer answer": ("each extra token is one more decode step",
+                                          "so the prefill behind TTFT is too"),
+    "Exercise 2: the tools' share of the prompt": ("JSON schemas travel in the prompt",
+                                                   "re-sent on every call of the agent"),
+}
 
 
 # ---------------------------------------------------------------- one streamed request
@@ -267,7 +278,8 @@ def tool_tax_outcome(without_tools: int, with_tools: int, n_tools: int) -> tuple
     outcome = ratio_outcome(without_tools, with_tools, 0.05, TOOL_TAX_CHOICES)
     extra = with_tools - without_tools
     return outcome, (f"{without_tools:,} prompt tokens without tools, {with_tools:,} with {n_tools} tools: "
-                     f"{extra:+,} tokens ({extra / max(1, n_tools):+,.0f} per tool), re-sent on every call of the agent.")
+                     f"{extra:+,} tokens ({extra / max(1, n_tools):+,.0f} per tool). The tools' JSON schemas travel in "
+                     "the prompt, re-sent on every call of the agent.")
 
 
 # ---------------------------------------------------------------- write it yourself: TPOT from the chunk times
