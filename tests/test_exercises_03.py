@@ -1,7 +1,8 @@
 """Notebook 03's code exercise, the KV blocks a request holds: the learner's cell (tag ``exercise``) asks without failing
-while the answer is None, the worked solution (tag ``solution``, collapsed) passes and says what it means for this run,
-and wrong answers fail with a sentence that says what is wrong and the hint. The cells' own source runs here, on a
-join result built from plain numbers (no engine)."""
+and without the hint while the answer is None, the worked solution (tag ``solution``, collapsed) passes in a name of its
+own (the learner's answer left alone, nothing marked right) and says what it means for this run, and wrong answers fail
+with a sentence that says what is wrong and the hint. The cells' own source runs here, on a join result built from
+plain numbers (no engine)."""
 
 from __future__ import annotations
 
@@ -35,20 +36,22 @@ def run(source: str) -> dict:
     return namespace
 
 
-def test_the_exercise_asks_and_does_not_fail_before_it_is_written(capsys):
-    run(tagged("exercise").source)
+def test_the_exercise_asks_without_the_hint_and_does_not_fail_before_it_is_written(capsys):
+    assert run(tagged("exercise").source)["my_blocks"] is None
     out = capsys.readouterr().out
-    assert out.startswith("Your turn (the KV blocks of a request): replace the None and run the cell again. Hint: ")
+    assert out.startswith("Your turn (the KV blocks of a request): replace the None")
+    assert "Hint" not in out and BLOCKS_HINT not in out
 
 
 def test_the_worked_solution_passes_and_says_what_this_run_saw(capsys):
     cell = tagged("solution")
     assert cell.metadata["jupyter"]["source_hidden"] is True  # collapsed in JupyterLab
-    run(tagged("exercise").source + "\n\n" + cell.source)  # the exercise first, as a top-to-bottom run has it
+    space = run(tagged("exercise").source + "\n\n" + cell.source)  # the exercise first, as a top-to-bottom run has it
+    assert space["my_blocks"] is None and blocks_check(space["solution_blocks"]) is None  # the learner's left alone
     out = capsys.readouterr().out.splitlines()[-1]
-    assert out == ("✔ the KV blocks of a request: right. In this run the early request ended with 396 tokens in 4 "
-                   "blocks (the last holding 12 of its 128); the late request ended with 128 tokens in 1 block (the "
-                   "last one full).")
+    assert out == ("The worked solution (the KV blocks of a request): In this run the early request ended with 396 "
+                   "tokens in 4 blocks (the last holding 12 of its 128); the late request ended with 128 tokens in 1 "
+                   "block (the last one full).")
 
 
 def _answer_cell(answer: str) -> str:

@@ -67,6 +67,15 @@ def test_break_the_cache_conclusion_both_ways():
     assert off.verdict == NOT_SHOWN and "--enable-prefix-caching" in off.text
 
 
+def test_the_middle_change_outcome_goes_every_way():
+    from helpers.lessons.l03.kv_cache import middle_change_outcome
+
+    part, detail = middle_change_outcome(_break_rows(0, 512, 256), block_size=128)
+    assert part == "part of it" and detail.startswith("256 cached prompt tokens against 512")
+    assert middle_change_outcome(_break_rows(0, 512, 0), block_size=128)[0] == "none"
+    assert middle_change_outcome(_break_rows(0, 512, 512), block_size=128)[0] == "all of it"
+
+
 def test_break_the_cache_refuses_a_position_outside_the_prefix():
     from helpers.lessons.l03.kv_cache import measure_break_cache
 

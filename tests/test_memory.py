@@ -501,6 +501,16 @@ def test_conversations_outcome_names_the_change_or_the_refusal():
     assert refused == CONVERSATION_CHOICES[0] and "does not fit: max_model_len 131,072" in why
 
 
+def test_a_longer_max_model_len_outcome_says_why_both_ways():
+    from helpers.lessons.l02_memory import CONVERSATION_CHOICES, longer_max_len_outcome
+
+    before = _conv_row(65840, 8, 4)
+    same, detail = longer_max_len_outcome(before, _conv_row(65840, 8, 1, max_model_len=32768), 8192)
+    assert same == "about the same" and "8 -> 8 conversations" in detail and "only raises the cap" in detail
+    refused, why = longer_max_len_outcome(before, _conv_row(65840, 8, 0, fits=False, max_model_len=131072), 8192)
+    assert refused == CONVERSATION_CHOICES[0] and "only raises the cap" not in why and "refuses" in why
+
+
 def test_larger_gpus_hold_more_is_judged_on_the_counts():
     import pandas as pd
 

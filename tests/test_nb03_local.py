@@ -20,7 +20,7 @@ QUICK = {"PROMPT_LENGTHS": [64, 1024],  # two lengths: TTFT's growth against the
          "DECODE_TOKENS": 16,           # enough tokens for a TPOT
          "NAIVE_NEW_TOKENS": 16,        # the uncached loop still slower (its steps at ~200 tokens of context)
          "PREFIX_ROUNDS": 2,            # two cold and two warm: a spread on each side
-         "SHARED_PREFIX_TOKENS": 512,   # four blocks of 128: the middle change (exercise 2) keeps two of them
+         "SHARED_PREFIX_TOKENS": 512,   # four blocks of 128: the middle change (exercise 1) keeps two of them
          "JOIN_EARLY_TOKENS": 600,      # the early request still decodes when the late one is sent on a busy machine
          "LONG_OUTPUT_TOKENS": 150,     # one long request: 25 blocks, the peak still more than half of them
          "AGENT_TURNS": 2,              # the second turn finds the first in the cache
@@ -41,7 +41,7 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
     assert predicted == counted and predicted.startswith("0 / ") and not predicted.endswith(" / 0 / 0")
     assert re.search(r"at this context the uncached step redoes mostly projections and MLP, not attention\n  ✔ seen in "
                      r"this run: at 208 tokens it redoes", text)
-    assert "✔ the KV blocks of a request: right. In this run the early request ended with" in text  # the solution
+    assert "The worked solution (the KV blocks of a request): In this run the early request ended with" in text
     executed = nbformat.read(run.output, as_version=4)
     picture = next(c for c in executed.cells if "pictures.plot_paged_kv(" in c.source)
     assert any("image/png" in o.get("data", {}) for o in picture.outputs)  # the paged KV cache, drawn
@@ -52,7 +52,7 @@ def test_notebook_03_measures_prefill_decode_and_the_kv_cache(lab, tmp_path):
     assert re.search(r"loading a cached prefix beats recomputing it from every tier\n  ✔ seen in this run: DGX A100", text)
     assert re.search(r"on this machine reading a prefix's KV beats recomputing it\n  (✔|✘) [^:]*: at [\d,]+ prompt tokens",
                      text)
-    assert text.count("(made by the test run)") == 3  # every exercise ran and checked its outcome
+    assert text.count("(made by the test run)") == 3  # every exercise ran and checked its outcome (two in Go deeper)
     assert re.search(r"This run: (none|part of it|all of it)\. [\d,]+ cached prompt tokens", text)
     blocks, measured = map(int, re.search(r"-> (\d+) blocks of .* = (\d+) blocks;", text, re.S).groups())
     # The gauge is sampled (every 0.1 s, by a client that shares a core with the server): it may miss the

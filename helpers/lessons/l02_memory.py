@@ -24,7 +24,8 @@ from matplotlib.figure import Figure
 
 from helpers.core.models import by_profile, workshop_gpu
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, Conclusion, plural, report
-from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion, show_conclusions
+from helpers.core.lesson import (check_exercise, check_prediction, should_see, should_see_conclusion, show_conclusions,
+                                 show_solution)
 from helpers.core.tables import format_tables
 from helpers.core.vllm_args import flag_value
 from helpers.lessons import plots
@@ -40,13 +41,21 @@ __all__ = [
     "WEIGHT_DTYPES", "KV_DTYPES", "MAX_MODEL_LEN_RANGE", "model_names", "gpu_choices", "memory_row", "memory_picture",
     "show_memory", "explorer_controls", "block_size_note", "conclude_memory_plan", "conclude_engine_comparison",
     "predict_cpu_engine_kv", "engine_comparison", "compare_with_engine", "CONVERSATION_CHOICES",
-    "larger_gpus_hold_more", "conversations_outcome", "conclude_hand_count", "HAND_COUNT_REL",
+    "larger_gpus_hold_more", "conversations_outcome", "longer_max_len_outcome", "conclude_hand_count", "HAND_COUNT_REL",
+    "ANSWERS",
     # from the floors below, for the notebook
     "report", "check_prediction", "should_see", "should_see_conclusion", "show_conclusions", "format_tables", "plots",
     "get_gpu", "scrape", "plan_memory", "plan_row", "GIB", "REFERENCE_CONFIGS", "count_params", "load_config",
     "by_profile", "workshop_gpu",
-    "check_exercise", "kv_bytes_check", "KV_BYTES_HINT",
+    "check_exercise", "show_solution", "kv_bytes_check", "KV_BYTES_HINT",
 ]
+
+# issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "2. Where the memory goes on the workshop GPU and on others": ("147,456", "2 * L * n_kv * d * 2"),
+    "Exercise 1: an FP8 KV cache with BF16 weights": ("halves the bytes per token", "twice the tokens"),
+    "Exercise 2: a four times longer `--max-model-len`": ("only raises the cap on one request",),
+}
 
 # The hand count leaves out norms and biases: under 0.1% of a dense model's parameters (Qwen3-4B: 0.01%).
 HAND_COUNT_REL = 0.001
@@ -260,6 +269,18 @@ def conversations_outcome(before: Mapping[str, Any], after: Mapping[str, Any], c
     return outcome, (f"{was:,} -> {now:,} conversations of {conversation_tokens:,} tokens; KV cache "
                      f"{int(before['kv_cache_tokens']):,} -> {int(after['kv_cache_tokens']):,} tokens; requests of "
                      f"max_model_len at once {int(before['requests_at_max_len']):,} -> {int(after['requests_at_max_len']):,}.")
+
+
+def longer_max_len_outcome(before: Mapping[str, Any], after: Mapping[str, Any],
+                           conversation_tokens: int) -> tuple[str, str]:
+    """``conversations_outcome`` for a longer ``--max-model-len`` (``plan_row`` rows before and after), with why."""
+    outcome, detail = conversations_outcome(before, after, conversation_tokens)
+    if outcome == CONVERSATION_CHOICES[0]:
+        why = "vLLM refuses a --max-model-len longer than its whole KV cache holds, since one request could not fit."
+    else:
+        why = ("A longer --max-model-len only raises the cap on one request: the KV cache is the memory left after the "
+               "weights and the overhead, whatever the cap, so conversations of the same length fit as before.")
+    return outcome, f"{detail} {why}"
 
 
 # ---------------------------------------------------------------- the exercise: KV bytes per token by hand

@@ -174,6 +174,18 @@ def conclude_break_cache(requests: pd.DataFrame, block_size: int) -> Conclusion:
                       "fell after the last full block the two share.", NOT_SHOWN, expectation)
 
 
+MIDDLE_CHOICES = ("none", "part of it", "all of it")
+
+
+def middle_change_outcome(requests: pd.DataFrame, block_size: int) -> tuple[str, str]:
+    """Exercise: how much of the prefix a request with ONE token changed in its middle still found cached
+    (``measure_break_cache`` rows: cold, warm, changed), as one of ``MIDDLE_CHOICES``, with the numbers and why."""
+    warm, late = requests["cached_tokens"].iloc[1], requests["cached_tokens"].iloc[2]
+    outcome = MIDDLE_CHOICES[0] if late == 0 else MIDDLE_CHOICES[1] if late < warm else MIDDLE_CHOICES[2]
+    return outcome, (f"{late:,.0f} cached prompt tokens against {warm:,.0f} for the unchanged prefix: every full "
+                     f"block of {block_size} before the changed token is reused.")
+
+
 def sample_long_request(lab: Any, prompt_tokens: int, output_tokens: int, interval_s: float = 0.1,
                         after_s: float = 1.0) -> tuple[pd.DataFrame, int]:
     """Run one request while sampling the server's gauges (and ``after_s`` seconds after it ended): the samples
