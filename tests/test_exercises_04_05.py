@@ -1,7 +1,9 @@
 """The code exercises of notebooks 04 (the MoE's batch-1 decode ceiling from its active parameters) and 05 (a weight
 matrix's bytes in INT4 with group scales), run from the notebooks' own cells (tags ``exercise`` and ``solution``, no
-engine): the worked solution passes its check, each likely slip fails with the sentence that says what is wrong, and
-the learner's ``None`` asks for an answer without failing. The solution cell is collapsed in JupyterLab."""
+engine): the worked solution passes its check under its own names (``solution_...``: "Run All" leaves the learner's
+answer alone and marks nothing right), each likely slip fails with the sentence that says what is wrong and the hint,
+and the learner's ``None`` asks for an answer without failing and without the hint (a hint comes after a wrong attempt,
+never before one). The solution cell is collapsed in JupyterLab."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import torch
 from notebook_cells import run_cells as run, tagged, with_answer
 from helpers.core.settings import models_dir
 from helpers.hardware.gpus import get_gpu
-from helpers.lessons.l04_moe import REFERENCE_CONFIGS, count_params, paper_table
-from helpers.lessons.l05_quantize_by_hand import checkpoint_tensor_bytes, int4_bytes
+from helpers.lessons.l04_moe import MOE_CEILING_HINT, REFERENCE_CONFIGS, ceiling_key, count_params, paper_table
+from helpers.lessons.l05_quantize_by_hand import INT4_HINT, checkpoint_tensor_bytes, int4_bytes
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NB04, NB05 = NOTEBOOKS / "04_dense_vs_moe.ipynb", NOTEBOOKS / "05_quantization.ipynb"
@@ -33,17 +35,19 @@ def names_04(gpu: str = "RTX 4000 Ada") -> dict:
 @pytest.mark.parametrize("gpu", ["RTX 4000 Ada", "H100 SXM"])
 def test_04_the_worked_solution_passes_and_is_the_tables_ceiling(gpu, capsys):
     names = names_04(gpu)
-    space = run(tagged(NB04, "solution").source, **names)
+    space = run(tagged(NB04, "solution").source, **names, my_moe_ceiling_tok_s=12.5)  # the learner's wrong answer
     table = paper_table(["Qwen3-30B-A3B"], names["gpu"])["Qwen3-30B-A3B"]
-    assert space["my_moe_ceiling_tok_s"] == pytest.approx(table[f"decode_ceiling_batch1_tok_s_on_{names['gpu'].name}"])
+    assert space["solution_moe_ceiling_tok_s"] == pytest.approx(table[ceiling_key(names["gpu"])])
+    assert space["my_moe_ceiling_tok_s"] == 12.5  # the solution leaves the learner's answer as it was
     out = capsys.readouterr().out
-    assert "✔ the MoE's decode ceiling: right." in out and "the dense model's ceiling, as the table says" in out
+    assert out.startswith("The worked solution (the MoE's decode ceiling): ") and "✔" not in out  # not marked right
 
 
-def test_04_none_asks_for_an_answer_and_does_not_fail(capsys):
+def test_04_none_asks_for_an_answer_without_the_hint(capsys):
     assert run(tagged(NB04, "exercise").source, **names_04())["my_moe_ceiling_tok_s"] is None
     out = capsys.readouterr().out
-    assert "Your turn (the MoE's decode ceiling): replace the None" in out and "Hint: at batch 1 a decode step" in out
+    assert "Your turn (the MoE's decode ceiling): replace the None" in out
+    assert "Hint" not in out and MOE_CEILING_HINT not in out and "moe_counts.active" not in out
 
 
 @pytest.mark.parametrize("answer, says", [
@@ -72,23 +76,32 @@ def names_05(W=W05, group=128) -> dict:
             "models_dir": models_dir}
 
 
+def solution_05(W=W05, group=128, **learner) -> dict:
+    """The solution cell run after the exercise cell, as in the notebook (it reads the exercise's ``rows, cols``)."""
+    return run(tagged(NB05, "exercise").source + "\n" + tagged(NB05, "solution").source, **names_05(W, group),
+               **learner)
+
+
 def test_05_the_worked_solution_passes_and_is_what_the_shipped_w4a16_stores(capsys):
-    space = run(tagged(NB05, "solution").source, **names_05())
+    space = solution_05()
     stored = checkpoint_tensor_bytes(models_dir() / "tiny-agent-w4a16", "model.layers.0.mlp.down_proj")
-    assert space["my_int4_bytes"] == int4_bytes(256, 768, 128) == stored["weight_packed"] + stored["weight_scale"]
+    assert space["solution_int4_bytes"] == int4_bytes(256, 768, 128) == stored["weight_packed"] + stored["weight_scale"]
+    assert space["my_int4_bytes"] is None  # the learner's answer stays theirs
     out = capsys.readouterr().out
-    assert "✔ W in INT4: right. 101,376 bytes against 393,216 in BF16 (3.88x smaller)" in out
+    assert "The worked solution (W in INT4): 101,376 bytes against 393,216 in BF16 (3.88x smaller)" in out
+    assert "✔" not in out  # a solution marks nothing right
     assert "weight_packed 98,304, weight_scale 3,072" in out
 
 
 def test_05_another_group_size_and_shape_pass_too(capsys):
-    space = run(tagged(NB05, "solution").source, **names_05(torch.zeros(64, 256), 32))
-    assert space["my_int4_bytes"] == 64 * 256 // 2 + 64 * 8 * 2
+    space = solution_05(torch.zeros(64, 256), 32)
+    assert space["solution_int4_bytes"] == 64 * 256 // 2 + 64 * 8 * 2
 
 
 def test_05_none_asks_for_an_answer_and_does_not_fail(capsys):
     assert run(tagged(NB05, "exercise").source, **names_05())["my_int4_bytes"] is None
-    assert "Your turn (W in INT4): replace the None" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Your turn (W in INT4): replace the None" in out and "Hint" not in out and INT4_HINT not in out
 
 
 @pytest.mark.parametrize("answer, says", [

@@ -23,7 +23,9 @@ def test_notebook_04_serves_the_tiny_dense_and_moe_models_and_measures_thinking(
     assert "This run: stays about the same." in text  # the MoE/dense ceiling ratio is a ratio of bytes
     # the code exercise asks for its answer, and the collapsed solution passes its check
     assert "Your turn (the MoE's decode ceiling): replace the None" in text
-    assert re.search(r"✔ the MoE's decode ceiling: right\. [\d,]+ tokens/s: [\d.]+x the dense model's ceiling", text)
+    assert re.search(r"The worked solution \(the MoE's decode ceiling\): [\d,]+ tokens/s: [\d.]+x the dense model's "
+                     r"ceiling", text)
+    assert "✔ the MoE's decode ceiling" not in text  # the solution marks nothing right for the learner
     assert re.search(r"Qwen3-30B-A3B: [\d.]+ GB of BF16 weights exceed the RTX 4000 Ada's", text)  # computed, not typed
     assert re.search(r"What you should see: Qwen3-4B's batch-1 decode is memory-bound on RTX 4000 Ada\n  ✔", text)
     for batch in (1, 4):  # every batch judged against the repeats' spread, whichever way it went

@@ -24,7 +24,8 @@ def test_notebook_05_quantized_variants_with_eval_and_load(lab, tmp_path):
     assert re.search(r"fp8 e4m3, per channel: relative error \d+\.\d+%, largest absolute error", text)
     assert re.search(r"What you should see: 8 bits keep the matrix within a few percent in both formats\n  ✔", text)
     assert "Your turn (W in INT4): replace the None" in text
-    assert "✔ W in INT4: right. 101,376 bytes against 393,216 in BF16 (3.88x smaller)" in text
+    assert "The worked solution (W in INT4): 101,376 bytes against 393,216 in BF16 (3.88x smaller)" in text
+    assert "✔ W in INT4" not in text  # the solution marks nothing right for the learner
     fp8_kv = capability("fp8_kv_cache").ok  # AVX-512 or AMX (tests/test_forced_cpu_kind.py covers AVX2)
     for config in ("bf16 (baseline)", "w8a8"):
         assert re.search(rf"- {re.escape(config)}: .* eval \d+\.\d% \(95% CI", text), config

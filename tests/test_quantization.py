@@ -72,6 +72,35 @@ def test_chosen_kernels_come_from_the_engine_log_once_each():
     assert chosen_kernels("no such line") == []
 
 
+
+def test_the_core_paths_conclusions_leave_go_deepers_configurations_to_go_deeper(monkeypatch):
+    """The last cell reports what the core path measured; Go deeper's online step is reported at Go deeper's end."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from helpers.lessons import l05_quantization as l05
+
+    study = object.__new__(l05.QuantizationStudy)
+    study.lab = SimpleNamespace(engine=SimpleNamespace(config=lambda: "baseline flags"))
+    study.baseline_config, study.part, study.parts = "baseline flags", l05.CORE, {}
+    study.baseline_runs, study.speed, study.profile = [1000, 990], SPEED, "gpu"
+    study.comparisons, study.startup, study.skipped = {}, {}, {}
+    assert study.conclusions(l05.GO_DEEPER)[0].startswith("- go deeper: no configuration was measured")
+    study.parts["w8a8"] = l05.CORE
+    study.skip("w4a16", "This step needs AVX-512.")  # on the core path
+    monkeypatch.setattr(l05, "skip_reason", lambda *a, **k: "vLLM has no kernel for it here.")
+    study.measure_flags([("--quantization", "fp8_per_channel", "online fp8")], part=l05.GO_DEEPER)
+    assert study.part == l05.CORE and study.parts["online fp8"] == l05.GO_DEEPER  # the next step is the core's again
+    study.parts["online int8"] = l05.GO_DEEPER
+    monkeypatch.setattr(study, "table", lambda: pd.DataFrame([row("bf16", 1000), row("w8a8", 1400),
+                                                             row("online int8", 1500)]))
+    core, deeper = "\n".join(study.conclusions()), "\n".join(study.conclusions(l05.GO_DEEPER))
+    assert "- w8a8: " in core and "- w4a16: skipped" in core and "online" not in core
+    assert deeper.startswith("- bf16: ") and "- online int8: " in deeper and "- online fp8: skipped" in deeper
+    assert "w8a8" not in deeper and "w4a16" not in deeper
+
+
 # ---------------------------------------------------------------- the checks and exercises of notebook 05
 
 import pandas as pd  # noqa: E402

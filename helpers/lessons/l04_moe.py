@@ -27,7 +27,7 @@ from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, 
 from helpers.core.models import by_profile, lesson_model, missing_reason, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.core.lesson import (check_exercise, check_prediction, ratio_outcome, should_see, should_see_conclusion,
-                                 show_conclusions)
+                                 show_conclusions, show_solution)
 from helpers.hardware.gpus import get_gpu
 from helpers.hardware.machine import check_quiet
 from helpers.lessons.l04_cache_fit import (conclude_cache_fit, engine_cache_fit, last_level_cache, model_config,
@@ -45,14 +45,26 @@ __all__ = [  # this module's own, then what notebook 04 uses from the floors bel
     "IMPLAUSIBLE_RATIO", "NOISY_REL", "conclude_dense_vs_moe", "conclude_moe_on_paper", "conclude_roofline_fit",
     "decode_table", "experts_share_outcome", "fade_table", "measure_decode", "moe_gpu_caveat", "paper_table",
     "plot_tiny_decode", "tiny_roofline_points", "PUBLISHED_MOE", "moe_roofline_table", "moe_beside_gpu",
-    "fits_lines", "MOE_CEILING_HINT", "moe_ceiling_check",
+    "fits_lines", "MOE_CEILING_HINT", "moe_ceiling_check", "ceiling_key", "CEILING_RATIO_CHOICES",
+    "ceiling_ratio_outcome", "ANSWERS",
     "conclude_cache_fit", "engine_cache_fit", "last_level_cache", "served_weight_bytes",  # l04_cache_fit
     "api_price", "conclude_thinking_cost", "engine_price", "measure_thinking", "per_token_outcome",  # l04_thinking
     "thinking_example", "thinking_model_served", "thinking_table",
-    "Conclusion", "REFERENCE_CONFIGS", "check_exercise", "check_prediction", "check_quiet", "count_params",
+    "Conclusion", "REFERENCE_CONFIGS", "check_exercise", "show_solution",
+    "check_prediction", "check_quiet", "count_params",
     "get_gpu", "ratio_outcome", "report", "roofline", "should_see", "should_see_conclusion",
     "show_conclusions", "weight_bytes", "models_dir", "model_config", "engine_bandwidth_gb_s", "by_profile", "lesson_model", "workshop_gpu",
 ]
+
+# issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "Write it yourself: the MoE's batch-1 ceiling": ("a step reads the active parameters once",),
+    "Exercise 1: how many experts does a batch touch?": ("111.8 of 128 experts", "different tokens pick different ones",
+                                                         "climb towards all E"),
+    "Exercise 2: is a reasoning token dearer?": ("a reasoning token is decoded like any other",
+                                                 "one more decode step"),
+    "Exercise 3: a faster GPU": ("the ratio of bytes read", "whatever the GPU"),
+}
 
 # The tiny MoE has the dense model's active MLP and 4x its MLP weights: per token it computes the same and
 # reads more. A decode rate this many times the dense one is no model difference but a disturbed run.
@@ -266,8 +278,13 @@ def paper_table(models: list[str], gpu: Any) -> dict[str, dict[str, float]]:
         paper[name] = {"total_params_B": counts.total / 1e9, "active_params_B": counts.active / 1e9,
                        "experts": counts.num_experts, "experts_per_token": counts.experts_per_token,
                        "bf16_weights_GB": weight_bytes(counts) / 1e9, "bytes_read_batch1_GB": read / 1e9,
-                       f"decode_ceiling_batch1_tok_s_on_{gpu.name}": gpu.bandwidth_bytes_per_s / read}
+                       ceiling_key(gpu): gpu.bandwidth_bytes_per_s / read}
     return paper
+
+
+def ceiling_key(gpu: Any) -> str:
+    """The name of ``paper_table``'s batch-1 decode ceiling on ``gpu`` (tokens/s), a row of the table as shown."""
+    return f"decode_ceiling_batch1_tok_s_on_{gpu.name}"
 
 
 def fade_table(dense: str, moe: str, batches: list[int]) -> pd.DataFrame:
@@ -387,8 +404,8 @@ def fits_lines(paper: dict[str, dict[str, float]], gpu: Any) -> list[str]:
             lines.append(f"{name}: {need:.1f} GB of BF16 weights fit the {gpu.name}'s {have:.1f} GB (the KV cache and "
                          "activations need the rest).")
         else:
-            lines.append(f"{name}: {need:.1f} GB of BF16 weights exceed the {gpu.name}'s {have:.1f} GB: its ceiling above "
-                         f"is what it would reach on a GPU that holds it ({need / have:.1f}x this memory).")
+            lines.append(f"{name}: {need:.1f} GB of BF16 weights exceed the {gpu.name}'s {have:.1f} GB: its batch-1 "
+                         f"ceiling is what it would reach on a GPU that holds it ({need / have:.1f}x this memory).")
     return lines
 
 
@@ -425,3 +442,19 @@ def moe_ceiling_check(gpu: Any, moe: Any, dense: Any) -> Any:
                 "reads.")
 
     return check
+
+
+CEILING_RATIO_CHOICES = ("shrinks", "stays about the same", "grows")
+
+
+def ceiling_ratio_outcome(dense: str, moe: str, before_gpu: Any, after_gpu: Any) -> tuple[str, str]:
+    """Exercise 3: the MoE's batch-1 decode ceiling over the dense model's on ``before_gpu`` and on ``after_gpu``
+    (``paper_table``): one of ``CEILING_RATIO_CHOICES`` (within 5% is the same) and the numbers behind it."""
+    ratios = []
+    for gpu in (before_gpu, after_gpu):
+        paper, key = paper_table([dense, moe], gpu), ceiling_key(gpu)
+        ratios.append(paper[moe][key] / paper[dense][key])
+    before, after = ratios
+    return (ratio_outcome(before, after, 0.05, CEILING_RATIO_CHOICES),
+            f"{before:.2f}x on {before_gpu.name}, {after:.2f}x on {after_gpu.name}: both ceilings are bandwidth / "
+            "bytes per step, so the bandwidth cancels: the ratio is the ratio of bytes read, whatever the GPU.")

@@ -40,7 +40,7 @@ __all__ = [  # this module's own, then what notebook 04's thinking step uses fro
 
 THINKING_EXPECTATION = "thinking costs output tokens and decode time: each reasoning token is one more decode step"
 PER_TOKEN_CHOICES = ("lower", "about the same", "higher")
-PER_TOKEN_SAME_WITHIN = 0.15  # exercise 3: per-token decode times within 15% count as the same (2-core noise)
+PER_TOKEN_SAME_WITHIN = 0.15  # exercise 2: per-token decode times within 15% count as the same (2-core noise)
 ANSWERS_PRICED = 1000  # prices are per this many answers: one answer's cost is a fraction of a cent
 
 
@@ -201,7 +201,7 @@ def conclude_thinking_cost(runs: pd.DataFrame, model: str, api: ApiPrice, hourly
 
 
 def per_token_outcome(runs: pd.DataFrame) -> tuple[str, str]:
-    """Exercise 3: the decode time per output token with thinking on against off (one of ``PER_TOKEN_CHOICES``) and the
+    """Exercise 2: the decode time per output token with thinking on against off (one of ``PER_TOKEN_CHOICES``) and the
     numbers behind it."""
     on, off = runs[runs["thinking"].astype(bool)], runs[~runs["thinking"].astype(bool)]
     ms = {name: 1000 * part["decode_s"].sum() / max(int((part["output_tokens"] - 1).clip(lower=1).sum()), 1)

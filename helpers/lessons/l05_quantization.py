@@ -22,7 +22,7 @@ import pandas as pd
 
 from helpers.core.comparison import BETTER, SAME, WORSE, compare_samples
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
-from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion
+from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion, show_solution
 from helpers.core.models import by_profile, lesson_model, lesson_models, workshop_gpu
 from helpers.core.settings import models_dir
 from helpers.evals.scorecard import size_on_disk_mb
@@ -39,17 +39,26 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
     from helpers.engine.session import Lab
 
 __all__ = [  # this module's own, then what notebook 05 uses from the floors below
+    "ANSWERS", "CORE", "GO_DEEPER",
     "KV_DTYPE_FEATURE", "PUBLISHED_FP8", "QuantizationStudy", "chosen_kernels", "conclusions", "decode_rate_tok_s",
     "eval_delta_outcome", "fp8_beside_gpu", "fraction_outcome", "growth_outcome", "kv_check", "kv_tokens_from_log",
     "ladder_check", "map_check", "map_disagreements", "planned_kv_tokens", "size_check", "skip_reason", "speed_conclusion",
     "startup_kv", "too_slow_reason",
     "REFERENCE_CONFIGS", "check_prediction", "format_ladder", "models_dir", "plots", "quantization_map", "report",
     "should_see", "should_see_conclusion", "size_on_disk_mb", "by_profile", "lesson_model", "lesson_models",
-    "workshop_gpu", "check_exercise", "engine_cache_fit",
+    "workshop_gpu", "check_exercise", "show_solution", "engine_cache_fit",
     "INT4_HINT", "checkpoint_tensor_bytes", "int4_bytes_check", "load_weight", "quantization_errors",  # by hand
 ]
 
 BASELINE_NAME = "bf16 (baseline)"
+CORE, GO_DEEPER = "core", "go deeper"  # the part of the notebook that measured a configuration
+
+# issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "Write it yourself: the matrix's bytes in INT4": ("101,376", "two 4-bit weights per byte"),
+    "Exercise 1: did quantization cost quality?": ("eval categories regressed beyond noise",),
+    "Exercise 2: smaller weights, more KV cache": ("85,504 -> 110,128 KV tokens",),
+}
 # One published GPU figure for FP8 weights+activations, shown beside this run's CPU number, labelled as not from it.
 PUBLISHED_FP8 = {
     "claim": "FP8 W8A8 allows up to a 1.6x improvement in throughput (and a 2x reduction in model memory) with "
@@ -230,6 +239,8 @@ class QuantizationStudy:
         self.baseline_config = lab.engine.config()
         self.baseline_run: Any = None
         self.baseline_rate_tok_s = self.baseline_measure_s = 0.0
+        self.part = CORE  # the part of the notebook measuring now (``measure_flags(..., part=GO_DEEPER)``)
+        self.parts: dict[str, str] = {}  # configuration -> the part that measured or skipped it
 
     @property
     def regressed(self) -> dict[str, list[str]]:
@@ -252,6 +263,7 @@ class QuantizationStudy:
         from helpers.evals.scorecard import measure_config
         from helpers.core.settings import models_dir
 
+        self.parts[name] = self.part
         run = run_suite(self.lab, self.eval_suite)
         path = models_dir() / model
         row = measure_config(self.lab, name, self.concurrencies, self.input_len, self.output_len, self.num_requests,
@@ -262,6 +274,7 @@ class QuantizationStudy:
         """Record and print why a configuration is not measured; False when there is no reason."""
         if reason:
             self.skipped[name] = reason
+            self.parts[name] = self.part
             print(f"{name}: skipped. {reason}")
         return bool(reason)
 
@@ -294,7 +307,8 @@ class QuantizationStudy:
         from helpers.evals.suite import compare
 
         self.comparisons[name] = compare(self.baseline_run, run)
-        print(f"{name}: regressed categories: {self.comparisons[name].regressed or 'none'}")
+        regressed = ", ".join(self.comparisons[name].regressed) or "none"
+        print(f"{name}: eval categories regressed beyond noise: {regressed}")
 
     def measure_checkpoints(self, models: Sequence[str], restore: bool = True) -> None:
         """Each quantized checkpoint this engine can serve: switch, same eval and load test; the engine goes
@@ -322,15 +336,16 @@ class QuantizationStudy:
             if restore and self.lab.engine.config() != self.baseline_config:
                 self.lab.engine.apply(self.baseline_config)
 
-    def measure_flags(self, flags: Sequence[tuple[str, str | None, str]]) -> None:
+    def measure_flags(self, flags: Sequence[tuple[str, str | None, str]], part: str = CORE) -> None:
         """Each (flag, value, name) on the baseline model, one after the other (one restart each: the next
-        flag replaces the last), then the baseline restored, whatever happens; a value None is left out."""
+        flag replaces the last), then the baseline restored, whatever happens; a value None is left out. ``part``:
+        the notebook's part that asks (``GO_DEEPER``: its lines go to ``conclusions(GO_DEEPER)``, not the core's)."""
         from dataclasses import replace
 
         from helpers.engine.interface import EngineStartError
         from helpers.core.vllm_args import with_flag
 
-        base = self.baseline_config
+        base, self.part = self.baseline_config, part
         try:
             for flag, value, name in flags:
                 if value is None:
@@ -347,6 +362,7 @@ class QuantizationStudy:
                 if not self.too_slow(name):
                     self._judge(name, self.measure(name, self.baseline)[1])
         finally:
+            self.part = CORE
             if self.lab.engine.config() != base:
                 self.lab.engine.apply(base)
 
@@ -359,10 +375,17 @@ class QuantizationStudy:
         """The scorecard: one row per measured configuration, the baseline first."""
         return self.card.frame().reset_index()
 
-    def conclusions(self) -> list[str]:
-        """Notebook 05's lines (``conclusions``) on this run's numbers."""
-        return conclusions(self.table().to_dict("records"), self.baseline_runs, self.speed, self.regressed,
-                           self.skipped, self.profile, self.startup)
+    def conclusions(self, part: str = CORE) -> list[str]:
+        """Notebook 05's lines (``conclusions``) on this run's numbers, for the configurations one ``part`` of the
+        notebook measured or skipped (``CORE`` or ``GO_DEEPER``), each against the baseline."""
+        names = {name for name, where in self.parts.items() if where == part}
+        if part != CORE and not names:
+            return [f"- {part}: no configuration was measured or skipped in this run (RUN_GO_DEEPER is off, or its "
+                    "option is None)."]
+        rows = self.table().to_dict("records")
+        return conclusions(rows[:1] + [r for r in rows[1:] if r["config"] in names], self.baseline_runs, self.speed,
+                           self.regressed, {k: v for k, v in self.skipped.items() if k in names}, self.profile,
+                           self.startup)
 
 
 def size_check(rows: Sequence[Mapping[str, Any]]) -> tuple[bool | None, str]:
