@@ -82,17 +82,27 @@ def n07() -> dict:
             "check_exercise": check_exercise, "littles_law_check": littles_law_check}
 
 
-def test_07_asks_before_it_is_written(capsys):
+def test_07_asks_before_it_is_written_and_shows_no_hint_yet(capsys):
     run(tagged(NB07, "exercise").source, **n07())
-    assert capsys.readouterr().out.startswith("Your turn (Little's law): replace the None and run the cell again. Hint: ")
+    out = capsys.readouterr().out
+    assert out.startswith("Your turn (Little's law): ") and NO_ATTEMPT in out
+    assert "Hint" not in out and "X W" not in out  # the hint comes after a wrong attempt, never before one
 
 
-def test_07_the_worked_solution_passes_on_this_runs_numbers(capsys):
+def test_07_the_worked_solution_passes_on_this_runs_numbers_and_leaves_the_learners_answer_alone(capsys):
     cell = tagged(NB07, "solution")
     assert cell.metadata["jupyter"]["source_hidden"] is True
-    run(tagged(NB07, "exercise").source + "\n\n" + cell.source, **n07())
-    assert capsys.readouterr().out.splitlines()[-1].startswith(
-        "✔ Little's law: right. 2.50 req/s x 12.40 s = 31.0 requests in flight, against the 32 users")
+    names = run(tagged(NB07, "exercise").source + "\n\n" + cell.source, **n07())
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith(
+        "The worked solution (Little's law): 2.50 req/s x 12.40 s = 31.0 requests in flight, against the 32 users")
+    assert names["my_requests_in_flight"] is None and "✔" not in out  # not overwritten, not marked right
+    assert names["solution_requests_in_flight"] == pytest.approx(31.0)
+
+
+def test_07_a_wrong_answer_shows_the_hint():
+    with pytest.raises(AssertionError, match=r"Hint: L = X W"):
+        run(answered(tagged(NB07, "exercise").source, "my_requests_in_flight", "top"), **n07())
 
 
 @pytest.mark.parametrize("answer, says", [("throughput_req_s / latency_s", "divides throughput by latency"),

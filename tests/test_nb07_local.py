@@ -50,7 +50,8 @@ def test_notebook_07_finds_the_scheduler_cap_then_lifts_it(lab, tmp_path):
                      r"in this run: Batching: here \d+x the users bought [\d.]+x the output tokens/s", text)
     assert text.count("(made by the test run)") == 3 and text.count("This run: ") == 3  # the three exercises ran
     # the code exercise's worked solution: Little's law on the small cap's top run, near the 32 users it kept sending
-    little = re.search(r"✔ Little's law: right\. [\d.]+ req/s x [\d.]+ s = ([\d.]+) requests in flight, against the 32 "
+    little = re.search(r"The worked solution \(Little's law\): [\d.]+ req/s x [\d.]+ s = ([\d.]+) requests in flight, "
+                       r"against the 32 "
                        r"users", text)
     assert little and 0 < float(little.group(1)) <= 32 * 1.1, text[-3000:]
     # the Go-deeper replicas ran here (RUN_GO_DEEPER on the CPU) and wrote their results file with its provenance

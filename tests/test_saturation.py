@@ -306,6 +306,7 @@ def test_a_pareto_curve_that_folds_back_is_named_with_its_numbers():
 def test_doubling_the_cap_from_the_closed_loop_queue(users, cap, outcome, doubled):
     got, detail = cap_doubling_outcome(users, cap, waited_max=max(0, users - cap))
     assert got == outcome and f"behind {2 * cap}: {doubled} would wait" in detail
+    assert detail.startswith("in a closed loop every user beyond the cap waits")  # the reason, in ANSWERS
     assert waiting_if_cap(users, cap) == max(0, users - cap)
 
 

@@ -43,6 +43,22 @@ def test_faster_is_dearer_flips_with_the_numbers():
     assert faster_is_dearer(noisy, "s").verdict == "within noise"
 
 
+def test_a_looser_target_is_cheaper_only_when_it_lets_a_bigger_batch_through():
+    from helpers.lessons.l07_saturation import PRICE_CHOICES, looser_target_outcome, machine_price_conclusion
+
+    runs = tp.sweep_price_frame({"s": SWEEP}, 3.6)
+    here = tp.cheapest_at_targets(runs, [50, 100, 400])  # the tightest met: 100 ms, at concurrency 1
+    outcome, detail = looser_target_outcome(runs, here, 2)  # 200 ms admits concurrency 4: 3.6x the tokens/s
+    assert outcome == "cheaper" and outcome in PRICE_CHOICES and "(c=1)" in detail and "(c=4)" in detail
+    assert "a looser target lets a bigger batch through" in detail
+    same, why = looser_target_outcome(runs, tp.cheapest_at_targets(runs, [400]), 2)  # 333 ms met already, 800 ms too
+    assert same == "about the same" and "the same batch meets both" in why
+    flat = tp.sweep_price_frame({"s": SWEEP.assign(output_throughput=[10.0, 10.2, 10.3])}, 3.6)
+    assert looser_target_outcome(flat, tp.cheapest_at_targets(flat, [100]), 2)[0] == "about the same"
+    assert looser_target_outcome(runs, tp.cheapest_at_targets(runs, [50]), 2)[0] == "about the same"  # none met
+    assert machine_price_conclusion(here).verdict == "shown"
+
+
 def test_llama_70b_bf16_needs_two_h100s_and_a_faster_token_costs_more():
     h100 = get_gpu("H100 SXM")
     assert LLAMA_70B.weight_bytes == pytest.approx(141.1e9, rel=0.01)  # 70.6 B parameters x 2 bytes
