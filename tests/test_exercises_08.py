@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import notebook_cells
+from helpers.core.lesson import NO_ATTEMPT
 from helpers.lab.notebooks import NOTEBOOK_DIR
 from helpers.lessons import l08_tuning as l08
 
@@ -30,20 +31,24 @@ def run(source: str, **names) -> dict:
     return namespace
 
 
-def test_the_exercise_asks_and_does_not_fail_before_it_is_written(capsys):
+def test_the_exercise_asks_and_does_not_fail_before_it_is_written_and_shows_no_hint_yet(capsys):
     run(tagged("exercise").source)
     out = capsys.readouterr().out
-    assert out.startswith("Your turn (the SLO check): replace the None and run the cell again. Hint: ")
+    assert out.startswith("Your turn (the SLO check): ") and NO_ATTEMPT in out
+    assert l08.SLO_HINT not in out and "Hint" not in out  # the hint comes after a wrong attempt, never before one
 
 
-def test_the_worked_solution_passes_and_says_what_this_run_saw(capsys):
+def test_the_worked_solution_passes_says_what_this_run_saw_and_leaves_the_learners_answer_alone(capsys):
     cell = tagged("solution")
     assert cell.metadata["jupyter"]["source_hidden"] is True  # collapsed in JupyterLab
-    run(tagged("exercise").source + "\n\n" + cell.source)  # the exercise first, as a top-to-bottom run has it
-    out = capsys.readouterr().out.splitlines()[-1]
-    assert out == ("✔ the SLO check: right. On this run the limit is 300 ms (1.5x the baseline's): "
-                   "--kv-cache-memory-bytes 1 -> 2: 280 ms, holds; --max-num-seqs (default) -> 64: 420 ms, breaks; "
-                   "--enable-magic (default) -> True: no measurement (the engine refused it).")
+    names = run(tagged("exercise").source + "\n\n" + cell.source)  # the exercise first, as a top-to-bottom run has it
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (
+        "The worked solution (the SLO check): On this run the limit is 300 ms (1.5x the baseline's): "
+        "--kv-cache-memory-bytes 1 -> 2: 280 ms, holds; --max-num-seqs (default) -> 64: 420 ms, breaks; "
+        "--enable-magic (default) -> True: no measurement (the engine refused it).")
+    assert names["my_slo_holds"] is None and "✔" not in out  # not overwritten, not marked right
+    assert names["solution_slo_holds"](150, 100, 1.5) and not names["solution_slo_holds"](151, 100, 1.5)
 
 
 def _answer_cell(answer: str) -> str:

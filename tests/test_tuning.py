@@ -147,10 +147,13 @@ def test_the_rule_exercise_flips_with_the_numbers():
 
     base = {"c8_tok_s": 100.0, "c8_tok_s_runs": [98.0, 102.0], "c8_p90_ttft_ms": 200.0, "kv_capacity_tokens": 1000}
     rule = relative_rule(base, "c8_tok_s", "c8_p90_ttft_ms", min_gain=0.05, slo_x=1.5)
-    assert rule_outcome(base, rule, speed_x=1.2)[0] == "kept"
-    assert rule_outcome(base, rule, speed_x=1.02)[0] == "rolled back"  # inside the noise margin
+    kept, why_kept = rule_outcome(base, rule, speed_x=1.2)
+    assert kept == "kept" and why_kept.startswith("every part of the rule holds")
+    small, why_small = rule_outcome(base, rule, speed_x=1.02)  # inside the noise margin
+    assert small == "rolled back" and why_small.startswith("a gain inside the noise margin counts as no gain")
     outcome, why = rule_outcome(base, rule, speed_x=1.2, latency_x=2.0)
-    assert outcome == "rolled back" and "SLO" in why
+    assert outcome == "rolled back" and "SLO" in why and why.startswith("a broken SLO rolls the change back")
+    assert rule_outcome(base, rule, speed_x=1.2, latency_x=1.5)[0] == "kept"  # at the limit the SLO holds
     assert hypothetical_row(base, rule, 1.1)["c8_tok_s_runs"] == pytest.approx([107.8, 112.2])
 
 

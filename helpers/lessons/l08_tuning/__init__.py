@@ -30,7 +30,7 @@ from helpers.core.comparison import (BETTER, SAME, SINGLE_RUN_NOISE_REL, UNKNOWN
                                      relative_spread)
 from helpers.core.models import by_profile
 from helpers.core.conclusion import NOT_SHOWN, SHOWN, WITHIN_NOISE, Conclusion, report
-from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion
+from helpers.core.lesson import check_exercise, check_prediction, should_see, should_see_conclusion, show_solution
 from helpers.core.vllm_args import CPU_ONLY_FLAGS, EngineConfig, flag_value, server_args
 from helpers.core.settings import GPU_MODEL, Settings, models_dir
 from helpers.engine.interface import EngineStartError
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the lesson modules take a Lab; importing it at run time wou
 
 __all__ = [
     # re-exported from the floors below, for the notebook
-    "check_prediction", "check_quiet", "models_dir", "report", "should_see", "should_see_conclusion",
+    "check_prediction", "check_quiet", "models_dir", "report", "should_see", "should_see_conclusion", "show_solution",
     # the engine interface and the eval comparison the mechanism cell's loop calls
     "EngineStartError", "change_one_flag", "check_exercise", "compare_evals", "flag_value",
     # this lesson's own
@@ -59,12 +59,19 @@ __all__ = [
     "manifest_patch", "measure_repeated", "relative_rule", "rule_outcome", "run_structured_ab", "scorecard_view",
     "structured_summary", "structured_tpot", "structured_validity", "tune_one_flag_at_a_time", "tuning_conclusions",
     "by_profile", "SEARCH_RESULTS", "candidate_flags", "load_search", "resume", "save_search", "same_configuration",
-    "search_conclusion", "slo_check_problem", "slo_on_this_run", "SLO_HINT",
+    "search_conclusion", "slo_check_problem", "slo_on_this_run", "SLO_HINT", "ANSWERS",
     # Go deeper, your own agent as load (replay.py): the recording cell's floors and the side-by-side run
     "AGENT_INSTRUCTIONS", "Recording", "RecordingLab", "run_agent", "session_from_run", "state_dir", "steps", "write_recording",
     "knee_conclusion", "later_turn_conclusion", "load_conclusion", "prefix_conclusion", "replay_command",
     "replay_conclusions", "side_by_side", "side_by_side_view", "think_time_check",
 ]
+
+# issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "Exercise 1: a small gain": ("a gain inside the noise margin counts as no gain",),
+    "Exercise 2: faster, but later first tokens": ("a broken SLO rolls the change back",),
+    "Write it yourself: the SLO check": ("includes the limit itself", "at exactly slo_x times it still holds"),
+}
 
 
 @dataclass(frozen=True)
@@ -518,7 +525,12 @@ def rule_outcome(baseline: dict[str, Any], rule: Rule, speed_x: float = 1.0, lat
     """("kept" | "rolled back", the rule's reasons) for a candidate ``speed_x`` times as fast as ``baseline``
     with ``latency_x`` times its latency and the same eval."""
     decision = decide(baseline, hypothetical_row(baseline, rule, speed_x, latency_x), rule)
-    return ("kept" if decision.keep else "rolled back"), "; ".join(decision.reasons)
+    reasons = "; ".join(decision.reasons)
+    if decision.keep:
+        return "kept", f"every part of the rule holds: {reasons}"
+    if any("SLO" in r for r in decision.reasons):
+        return "rolled back", f"a broken SLO rolls the change back, whatever it gains: {reasons}"
+    return "rolled back", f"a gain inside the noise margin counts as no gain: {reasons}"
 
 
 def scorecard_view(scorecard: Any, top: int) -> Any:
