@@ -181,6 +181,14 @@ def test_the_one_stream_prediction_follows_the_measured_verdict(spec, outcome):
     assert one_stream_outcome(two_concurrencies(spec, [400, 404]), "another draft")[0] == "about the same"
 
 
+def test_the_one_stream_prediction_reads_a_busy_machine_as_no_speed_up():
+    from helpers.lessons.l06 import one_stream_outcome
+
+    busy = two_concurrencies([150, 148], [400, 404], low_tpot=2.0)  # a speculative step at 0.56x a plain one
+    outcome, detail = one_stream_outcome(busy, ALIGNED)
+    assert outcome == "about the same" and "Not a measurement of speculation" in detail
+
+
 def test_the_core_summary_reads_section_3_alone_both_ways():
     from helpers.lessons.l06 import core_conclusions
 

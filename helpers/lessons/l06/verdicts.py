@@ -282,13 +282,14 @@ SPEED_CHOICES = ("faster", "about the same", "slower")
 
 def one_stream_outcome(table: pd.DataFrame, name: str) -> tuple[str, str]:
     """Notebook 06's core prediction: is ``name`` faster than no speculation at the lowest concurrency of a
-    ``speedups`` table? (one of ``SPEED_CHOICES``, judged against the repeats' spread; the sentence with the numbers)."""
+    ``speedups`` table? (one of ``SPEED_CHOICES``, judged against the repeats' spread, "about the same" when the step
+    times say a busy machine slowed the baseline; the sentence with the numbers)."""
     rows = table[table.config == name].sort_values("concurrency")
     if not len(rows):
         return "about the same", f"{name} was not measured"
     row = rows.iloc[0].to_dict()
-    outcome = {BETTER: "faster", WORSE: "slower"}.get(row["_verdict"].label, "about the same")
-    return outcome, method_conclusion(row).text
+    label = row["_verdict"].label if row.get("consistent", True) else SAME  # a busy machine: no speed-up can be read
+    return {BETTER: "faster", WORSE: "slower"}.get(label, "about the same"), method_conclusion(row).text
 
 
 def core_conclusions(table: pd.DataFrame, aligned: str, regressed: dict[str, list[str]] | None = None,
