@@ -352,3 +352,19 @@ def test_every_notebooks_time_line_matches_the_committed_record():
     assert day.problems(day.plan(record)) == [] and day.plan(record).live
     start_here = nbformat.read(NOTEBOOKS / "start_here.ipynb", as_version=4)
     assert day.side_by_side(record) in "\n".join(c.source for c in start_here.cells)
+
+
+def test_the_cpu_run_from_an_executed_core_only_copy(tmp_path):
+    from helpers.lab.notebooks import core_path
+
+    nb = synthetic()
+    executed = core_path(nb)
+    stamps = {3: ("2026-01-01T00:00:00Z", "2026-01-01T00:01:30Z"), 5: ("2026-01-01T00:02:00Z", "2026-01-01T00:02:04Z")}
+    code_cells = [i for i, c in enumerate(executed.cells) if c.cell_type == "code"]  # parameters, print(N), done
+    for index, (start, end) in zip(code_cells[1:], stamps.values()):
+        executed.cells[index].metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
+    record = ct.executed_record(nb, executed, "workshop run --out x")
+    assert [(c["index"], c["seconds"]) for c in record["cells"]] == [(3, 90.0), (7, 4.0)]  # placed on the source
+    row = ct.course_time("09_lesson", nb, record, None)
+    assert row.run_s == 94.0 and row.unmatched_cells == 0 and row.self_study_min == pytest.approx(
+        row.person_min + 94 / 60, abs=0.05)

@@ -322,7 +322,9 @@ def cmd_course_time(args: argparse.Namespace) -> int:
         return cli_args.error(f"--restarts {args.restarts}: give the --out folder of `workshop run --core-only` on the "
                               "k8s profile, or build/k8s-path after tests/test_k8s_path_notebooks.py")
     changes = ct.restart_changes(Path(args.restarts)) if args.restarts else None
-    rows = ct.course_times(paths, Path(args.cells), changes, model_weight_bytes, GPU_MODEL)
+    records = (ct.executed_records(Path(args.executed), paths, f"workshop run --out {Path(args.executed).name}")
+               if args.executed else None)
+    rows = ct.course_times(paths, Path(args.cells), changes, model_weight_bytes, GPU_MODEL, records)
     print("\n".join(ct.table_lines(rows)))
     if changes is None:
         print("Restarts not measured: give --restarts with the --out folder of `workshop run --core-only` on the k8s "
@@ -479,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the per-cell seconds the local-path tests keep (default build/notebook-cells)")
     p.add_argument("--restarts", default=None, metavar="FOLDER",
                    help="a k8s-path run's --out folder (NAME.restarts.jsonl beside NAME.ipynb), e.g. build/k8s-path")
+    p.add_argument("--executed", default=None, metavar="FOLDER",
+                   help="the CPU run from executed copies (`workshop run --core-only --out FOLDER` at the defaults) "
+                        "instead of the tests' records")
     p.add_argument("--notebooks", default=None, help="the notebooks' folder (default the kit's notebooks/)")
     p.add_argument("--write", action="store_true", help="record into course_time.json and write the Time lines")
     p.add_argument("--record", default=None, help="where --write puts the record (default NOTEBOOKS/course_time.json)")

@@ -170,6 +170,46 @@ def cells_record(folder: Path, stem: str) -> dict[str, Any] | None:
     return max(found, key=lambda r: r.get("recorded_at", ""), default=None)
 
 
+def executed_record(source: nbformat.NotebookNode, executed: nbformat.NotebookNode, run: str) -> dict[str, Any]:
+    """A cells record (tests/timetable.py's format) from an executed copy that ``workshop run --out`` wrote (whole or
+    ``--core-only``): each code cell's seconds from nbclient's timing, placed on ``source`` by its first line, in
+    order; an injected parameters cell counts on the core path. ``run``: what ran it, for the provenance."""
+    from helpers.lab.restarts import cell_windows
+
+    windows = iter(cell_windows(executed))
+    timed = [c for c in executed.cells if c.cell_type == "code" and c.get("metadata", {}).get("execution", {})
+             .get("shell.execute_reply")]
+    injected = next((c.source for c in timed if _INJECTED in c.get("metadata", {}).get("tags", [])), "")
+    params = next((i for i, c in enumerate(source.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), -1)
+    cells, pointer = [], 0
+    for cell in timed:
+        _, start, end = next(windows)
+        first = _first_line(cell.source)
+        if _INJECTED in cell.get("metadata", {}).get("tags", []):
+            cells.append({"index": params + 1, "seconds": round(end - start, 2), "first_line": first})
+            continue
+        found = next((i for i in range(pointer, len(source.cells)) if source.cells[i].cell_type == "code"
+                      and _first_line(source.cells[i].source) == first), None)
+        if found is None:
+            cells.append({"index": -1, "seconds": round(end - start, 2), "first_line": first})
+            continue
+        pointer = found + 1
+        cells.append({"index": found + (1 if injected and found > params else 0), "seconds": round(end - start, 2),
+                      "first_line": first})
+    stamp = max((c.get("metadata", {}).get("execution", {}).get("shell.execute_reply", "") for c in timed), default="")
+    return {"test": run, "recorded_at": stamp, "parameters": injected, "cells": cells}
+
+
+def executed_records(folder: Path, sources: Sequence[Path], run: str) -> dict[str, dict[str, Any]]:
+    """The cells record of each notebook of ``sources`` that ``folder`` holds an executed copy of."""
+    out = {}
+    for path in map(Path, sources):
+        copy = Path(folder) / path.name
+        if copy.is_file():
+            out[path.stem] = executed_record(nbformat.read(path, as_version=4), nbformat.read(copy, as_version=4), run)
+    return out
+
+
 # ---------------------------------------------------------------- restarts, from a k8s-path run
 
 def _stem(name: str) -> str:
@@ -299,15 +339,18 @@ def course_notebooks(folder: Path) -> list[Path]:
 
 
 def course_times(paths: Sequence[Path], cells_dir: Path = CELLS_DIR, changes: dict[str, list[str]] | None = None,
-                 model_bytes: Callable[[str], int | None] = lambda model: None, baseline: str = "") -> list[CourseTime]:
+                 model_bytes: Callable[[str], int | None] = lambda model: None, baseline: str = "",
+                 records: dict[str, dict[str, Any]] | None = None) -> list[CourseTime]:
     """The course time of each notebook in ``paths``; ``changes``: the core restarts by notebook from a k8s-path run
-    (a numbered notebook it lacks, or None for all: not measured; start_here restarts nothing)."""
+    (a numbered notebook it lacks, or None for all: not measured; start_here restarts nothing); ``records``: cells
+    records by notebook (``executed_records``) taken instead of the tests' in ``cells_dir``."""
     out = []
     for path in paths:
         path = Path(path)
         nb = nbformat.read(path, as_version=4)
         mine = [] if path.stem == "start_here" else None if changes is None else changes.get(path.stem)
-        out.append(course_time(path.stem, nb, cells_record(cells_dir, path.stem), mine, model_bytes, baseline))
+        cells = (records or {}).get(path.stem) or cells_record(cells_dir, path.stem)
+        out.append(course_time(path.stem, nb, cells, mine, model_bytes, baseline))
     return out
 
 
@@ -338,8 +381,9 @@ def table_lines(rows: Sequence[CourseTime]) -> list[str]:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *body]]
     return lines + [f"A person: {clock.RULES}. The core path: the cells before the first '## {GO_DEEPER}' heading, and the "
-                    "closing 'What we learned'. CPU run: the core cells' seconds the local-path tests recorded "
-                    "(build/notebook-cells/), the CPU engine's own starts included; self-study = a person + the CPU run. "
+                    "closing 'What we learned'. CPU run: the core cells' seconds of an executed copy (--executed: `workshop "
+                    "run --core-only` at the defaults) or else of the local-path tests (build/notebook-cells/), the CPU "
+                    "engine's own starts included; self-study = a person + the CPU run. "
                     f"Workshop: a person + the compute ({clock.WORKSHOP_RUN_SOURCE}) + each core restart at the room's time "
                     f"({clock.RESTART_SOURCE})."]
 
