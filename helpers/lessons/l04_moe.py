@@ -184,8 +184,8 @@ def conclude_dense_vs_moe(runs: pd.DataFrame, dense: str, moe: str | None, quiet
     implausible, with the spread and the quiet-machine check as the reason to distrust it; runs of one
     model that differ by more than ``noisy_rel`` among themselves are too noisy to compare at all."""
     expectation = "the tiny MoE decodes no faster than the dense model"
-    if moe is None:  # the room did not download one: section 4 said why
-        return [Conclusion("not run: no MoE is served on this profile (section 4 said why), so the dense model's "
+    if moe is None:  # the room did not download one: section 3 said why
+        return [Conclusion("not run: no MoE is served on this profile (section 3 said why), so the dense model's "
                            "decode rate is shown alone")]
     out = []
     for b in sorted(runs["batch"].unique()):
@@ -372,7 +372,7 @@ def moe_beside_gpu(runs: pd.DataFrame, tiny_dense: str, tiny_moe: str | None, ta
         lines.append(f"- This run (measured here, CPU): at batch {top} {tiny_moe} decodes {b:,.0f} tok/s against "
                      f"{tiny_dense}'s {a:,.0f} ({b / a:.2f}x); both compute the same per token, so no saving can show.")
     elif tiny_moe is None:
-        lines.append(f"- This run: no MoE is served on this profile (section 4 said why), so {tiny_dense} has nothing "
+        lines.append(f"- This run: no MoE is served on this profile (section 3 said why), so {tiny_dense} has nothing "
                      "to be compared with.")
     else:
         lines.append(f"- This run: {tiny_dense} and {tiny_moe} were not both measured, so there is no CPU number.")
