@@ -109,7 +109,7 @@ def no_engine(monkeypatch):
     def fake_connect(settings=None, **kwargs):
         calls["connect"] += 1
 
-    def fake_run(path, out_dir, parameters=None, timeout_s=1800, progress=None):
+    def fake_run(path, out_dir, parameters=None, timeout_s=1800, progress=None, core_only=False):
         calls["runs"].append((Path(path).name, parameters))
         return NotebookRun(Path(path), out_dir / Path(path).name, 0.1)
 

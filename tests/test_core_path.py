@@ -27,16 +27,12 @@ def _nb(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
-def _lesson_source(module) -> str:
-    """The text of a lesson module's strings (of every module of a lesson package), adjacent literals joined as Python
-    joins them, its ANSWERS table left out: a phrase must be found where the lesson says it, not where it is listed."""
-    path = Path(inspect.getfile(module))
-    lesson = module.__name__.rsplit(".", 1)[1][:3]  # "l04": l04_moe.py, l04_thinking.py, or the package l03/
-    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else sorted(path.parent.glob(f"{lesson}*.py"))
+def _helpers_strings() -> str:
+    """The text of every string in the helpers package, adjacent literals joined as Python joins them, the lessons'
+    ANSWERS tables left out: a phrase must be found where a helper says it, not only where it is listed."""
     texts = []
-    for file in files:
-        tree = ast.parse(file.read_text())
-        for node in tree.body:
+    for file in sorted(Path(inspect.getfile(importlib.import_module("helpers"))).parent.rglob("*.py")):
+        for node in ast.parse(file.read_text()).body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and "ANSWERS" in {
                     getattr(t, "id", "") for t in (node.targets if isinstance(node, ast.Assign) else [node.target])}:
                 continue
@@ -161,9 +157,9 @@ def test_no_answer_is_visible_above_its_check(path):
     module = importlib.import_module(LESSONS[path.stem[:2]])
     nb = _nb(path)
     assert answer_problems(nb, module.ANSWERS) == []
-    # each phrase is real answer text: in the lesson's helpers' strings, or in a cell at or below its check (a number
+    # each phrase is real answer text: in the helpers' strings, or in a cell at or below its check (a number
     # the run computes is checked on the cluster path's executed copies instead)
-    source = normal(_lesson_source(module))
+    source = normal(_helpers_strings())
     where = {c.heading: c.index for c in checks(nb)}
     for title, phrases in module.ANSWERS.items():
         below = normal("\n".join(c.source for c in nb.cells[where.get(title, 0):]))

@@ -31,20 +31,18 @@ from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
 from helpers.core.restarts import GO_DEEPER, RestartRow, count, decode_rows, read_restarts
 from helpers.lab import clock
+from helpers.lab.notebooks import CorePathError, core_cells
 
 RECORD_NAME = "course_time.json"  # beside the notebooks
 CELLS_DIR = kit_paths.work_root() / "build" / "notebook-cells"  # tests/timetable.py writes it
 GENERATED_BY = "workshop course-time --write"
-_GO_DEEPER_HEADING = re.compile(rf"^## +{GO_DEEPER}\b", re.M)
 _HEADING = re.compile(r"#{1,3} +(.+)")
-_WHAT_WE_LEARNED = re.compile(r"#{1,3} +What we learned", re.I)
 _TIME_LINE = re.compile(r"^\*\*Time:\*\*.*$", re.M)
 _WORD = re.compile(r"\S*\w\S*")  # a whitespace-separated token with a letter or digit (not "|---|" or "#")
 _INJECTED = "injected-parameters"
 
 
-class CourseTimeError(WorkshopError, ValueError):
-    """A notebook or record that the course time cannot be read from; the message says what to fix."""
+CourseTimeError = CorePathError  # a notebook or record the course time cannot be read from; the message says what to fix
 
 
 # ---------------------------------------------------------------- the core path of a notebook
@@ -52,27 +50,6 @@ class CourseTimeError(WorkshopError, ValueError):
 def words(text: str) -> int:
     """The words of a text: whitespace-separated tokens holding a letter or a digit."""
     return len(_WORD.findall(text))
-
-
-def core_cells(nb: nbformat.NotebookNode) -> list[bool]:
-    """For each cell, whether it is on the core path: before the first markdown cell that starts with a "## Go deeper"
-    heading (the section rule of the restart table, ``helpers.core.restarts.in_core_path``), or in the closing "What
-    we learned" section (STYLE.md: it stays last and is read by everyone). CourseTimeError for a Go deeper heading
-    inside a cell, which neither this nor the restart table would see."""
-    out, deeper = [], False
-    last_learned = max((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-                        and _WHAT_WE_LEARNED.match(c.source.strip())), default=None)
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown":
-            heading = _GO_DEEPER_HEADING.search(cell.source)
-            if heading and cell.source[:heading.start()].strip():
-                raise CourseTimeError(f"cell {index}: its '## {GO_DEEPER}' heading is not the cell's first line; start "
-                                      "a markdown cell with it, so the core path and the restart table see it")
-            deeper = deeper or bool(heading)
-        if index == last_learned:
-            deeper = False
-        out.append(not deeper)
-    return out
 
 
 # ---------------------------------------------------------------- code cells that only call a helper

@@ -27,6 +27,7 @@ from nbclient.exceptions import CellExecutionError
 
 from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
+from helpers.core.restarts import GO_DEEPER
 
 REPO_ROOT = kit_paths.kit_root()  # the clone; for a wheel, helpers/kit/ (its copies of notebooks/, k8s/, models/)
 NOTEBOOK_DIR = kit_paths.kit_dir("notebooks")
@@ -35,6 +36,10 @@ DEFAULT_OUT = kit_paths.work_root() / "build" / "executed"  # in the clone; for 
 
 class NotebookRunError(WorkshopError, RuntimeError):
     """A cell failed; the message names the notebook, the cell and the error."""
+
+
+class CorePathError(WorkshopError, ValueError):
+    """A notebook whose core path cannot be told from its Go deeper sections; the message says what to fix."""
 
 
 class ParameterError(WorkshopError, ValueError):
@@ -112,10 +117,33 @@ def _is_code(cell: nbformat.NotebookNode) -> bool:
     return cell.cell_type == "code" and bool(cell.source.strip())
 
 
-def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook with every Go deeper cell removed: what the workshop runs (``course_time.core_cells``'s rule)."""
-    from helpers.lab.course_time import core_cells
+GO_DEEPER_HEADING = re.compile(rf"^## +{GO_DEEPER}\b", re.M)  # where a notebook's core path ends
+_WHAT_WE_LEARNED = re.compile(r"#{1,3} +What we learned", re.I)
 
+
+def core_cells(nb: nbformat.NotebookNode) -> list[bool]:
+    """For each cell, whether it is on the core path: before the first markdown cell that starts with a "## Go deeper"
+    heading (the section rule of the restart table, ``helpers.core.restarts.in_core_path``), or in the closing "What
+    we learned" section (STYLE.md: it stays last and is read by everyone). CorePathError for a Go deeper heading
+    inside a cell, which neither this nor the restart table would see."""
+    out, deeper = [], False
+    last_learned = max((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                        and _WHAT_WE_LEARNED.match(c.source.strip())), default=None)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            heading = GO_DEEPER_HEADING.search(cell.source)
+            if heading and cell.source[:heading.start()].strip():
+                raise CorePathError(f"cell {index}: its '## {GO_DEEPER}' heading is not the cell's first line; start "
+                                    "a markdown cell with it, so the core path and the restart table see it")
+            deeper = deeper or bool(heading)
+        if index == last_learned:
+            deeper = False
+        out.append(not deeper)
+    return out
+
+
+def core_path(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook with every Go deeper cell removed: what the workshop runs (``core_cells``'s rule)."""
     out = nbformat.from_dict(nb)
     out.cells = [cell for cell, core in zip(nb.cells, core_cells(nb)) if core]
     return out

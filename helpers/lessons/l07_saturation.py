@@ -44,10 +44,10 @@ from helpers.measure.failover import SURVIVES, FailureRun, replica_failure_run
 from helpers.measure.results_file import measure_or_load
 from helpers.measure.routing import (AgentWorkload, PolicyComparison, compare_policies, conclude_affinity,
                                      conclude_later_turns, cpu_caveat, gpu_expectation)
-from helpers.measure.saturation import SweepAnalysis, littles_law_check
+from helpers.measure.saturation import SweepAnalysis, cap_doubling_outcome, littles_law_check, waiting_if_cap
 from helpers.measure.workloads import Workload
 from helpers.planning import price_curve, token_price
-from helpers.planning.token_price import ROOFLINE_MARGIN
+from helpers.planning.token_price import PRICE_CHOICES, ROOFLINE_MARGIN, looser_target_outcome
 
 __all__ = [
     # re-exported from the floors below (and the shared figures), for the notebook
@@ -63,6 +63,7 @@ __all__ = [
     "PUBLISHED_BATCHING", "batching_beside_gpu", "batching_conclusion", "by_profile", "ANSWERS", "PRICE_CHOICES",
     "looser_target_outcome", "machine_price_conclusion", "talk_price_conclusions",
 ]
+
 
 # issue 42: what gives each core-path check's answer away; tests/test_core_path.py fails if a phrase shows above it
 ANSWERS: dict[str, tuple[str, ...]] = {
@@ -257,22 +258,6 @@ def saturation_conclusions(small_results: Sequence[Any], large_results: Sequence
     return out
 
 
-# ---------------------------------------------------------------- the exercise: double the cap
-
-def waiting_if_cap(users: int, cap: int) -> int:
-    """Requests waiting in a closed loop of ``users`` back-to-back users behind ``--max-num-seqs cap``."""
-    return max(0, int(users) - int(cap))
-
-
-def cap_doubling_outcome(users: int, cap: int, waited_max: float) -> tuple[str, str]:
-    """The exercise "double the cap": ("none would wait" | "fewer would wait" | "as many would wait") and the
-    numbers, from the closed-loop queue (users - cap) against the most requests seen waiting at ``cap``."""
-    now, doubled = waiting_if_cap(users, cap), waiting_if_cap(users, 2 * cap)
-    outcome = "none would wait" if doubled == 0 else "fewer would wait" if doubled < now else "as many would wait"
-    return outcome, (f"in a closed loop every user beyond the cap waits: {users} users behind a cap of {cap}: {now} wait "
-                     f"(the gauges saw at most {waited_max:.0f}); behind {2 * cap}: {doubled} would wait")
-
-
 # ---------------------------------------------------------------- the price of a token
 
 def faster_is_dearer(cheapest: pd.DataFrame, label: str, noise_rel: float = SINGLE_RUN_NOISE_REL) -> Conclusion:
@@ -328,32 +313,6 @@ def price_conclusions(here: pd.DataFrame, talk: pd.DataFrame, gpus: pd.DataFrame
                       input_len: int, output_len: int) -> list[Conclusion]:
     """Notebook 07's price lessons: this machine's measured curve, the talk's case from the roofline."""
     return [machine_price_conclusion(here), *talk_price_conclusions(talk, gpus, talk_gpu, model, input_len, output_len)]
-
-
-PRICE_CHOICES = ("cheaper", "about the same", "dearer")
-
-
-def looser_target_outcome(runs: pd.DataFrame, here: pd.DataFrame, looser_x: float = 2,
-                          noise_rel: float = SINGLE_RUN_NOISE_REL) -> tuple[str, str]:
-    """The exercise "a looser latency target": the price per million tokens at ``looser_x`` times the tightest TPOT
-    target met (``here``, a ``cheapest_at_targets`` frame of ``runs``) against the price at that target: one of
-    ``PRICE_CHOICES`` (about the same within ``noise_rel``), and the numbers with the reason."""
-    met = here.dropna(subset=["usd_per_million_tokens"]).sort_values("target_tpot_ms")
-    if not len(met):
-        return "about the same", "no run met any target: nothing to compare"
-    tight = met.iloc[0]
-    looser = token_price.cheapest_at_targets(runs, [looser_x * tight.target_tpot_ms]).iloc[0]
-    outcome = ratio_outcome(tight.usd_per_million_tokens, looser.usd_per_million_tokens, noise_rel, PRICE_CHOICES)
-    numbers = (f"{tight.usd_per_million_tokens:.3g} USD/M at <= {tight.target_tpot_ms:g} ms (c={tight.concurrency:g}), "
-               f"{looser.usd_per_million_tokens:.3g} at <= {looser.target_tpot_ms:g} ms (c={looser.concurrency:g})")
-    if looser.concurrency > tight.concurrency and outcome == "cheaper":
-        why = ("a looser target lets a bigger batch through, and the hour's price is spread over the more tokens/s it "
-               "makes")
-    elif looser.concurrency > tight.concurrency:
-        why = "a looser target lets a bigger batch through, but here it made no cheaper token beyond the noise"
-    else:
-        why = "the run cheapest at the tight target is still the cheapest at the looser one: the same batch meets both"
-    return outcome, f"{numbers}: {why}"
 
 
 # ---------------------------------------------------------------- the talk's price curve, term by term

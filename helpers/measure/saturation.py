@@ -287,3 +287,19 @@ def littles_law_check(throughput_req_s: float, latency_s: float, users: int):
         why = [w for target, w in slips if target is not None and math.isclose(value, target, rel_tol=1e-6, abs_tol=1e-6)]
         return why[0] if why else f"{value:.4g} is not throughput_req_s x latency_s."
     return check
+
+
+# ---------------------------------------------------------------- notebook 07's exercise: double the cap
+
+def waiting_if_cap(users: int, cap: int) -> int:
+    """Requests waiting in a closed loop of ``users`` back-to-back users behind ``--max-num-seqs cap``."""
+    return max(0, int(users) - int(cap))
+
+
+def cap_doubling_outcome(users: int, cap: int, waited_max: float) -> tuple[str, str]:
+    """The exercise "double the cap": ("none would wait" | "fewer would wait" | "as many would wait") and the
+    numbers, from the closed-loop queue (users - cap) against the most requests seen waiting at ``cap``."""
+    now, doubled = waiting_if_cap(users, cap), waiting_if_cap(users, 2 * cap)
+    outcome = "none would wait" if doubled == 0 else "fewer would wait" if doubled < now else "as many would wait"
+    return outcome, (f"in a closed loop every user beyond the cap waits: {users} users behind a cap of {cap}: {now} wait "
+                     f"(the gauges saw at most {waited_max:.0f}); behind {2 * cap}: {doubled} would wait")

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from helpers.core.comparison import SINGLE_RUN_NOISE_REL
+from helpers.core.lesson import ratio_outcome
 from helpers.planning.cost import price_latency_frame, usd_per_million_tokens
 from helpers.hardware.gpus import GPU
 from helpers.planning.roofline import decode_bound
@@ -292,3 +294,31 @@ def group_tpot_ms(gpu: str, num_gpus: int, model: ModelOnGPU, batch: int, contex
     step = decode_bound(group, model.weight_bytes, model.active_params, batch, context_tokens,
                         model.kv_bytes_per_token, compute_dtype)
     return step.step_time_s * 1e3
+
+
+# ---------------------------------------------------------------- notebook 07's exercise: a looser latency target
+
+PRICE_CHOICES = ("cheaper", "about the same", "dearer")
+
+
+def looser_target_outcome(runs: pd.DataFrame, here: pd.DataFrame, looser_x: float = 2,
+                          noise_rel: float = SINGLE_RUN_NOISE_REL) -> tuple[str, str]:
+    """The exercise "a looser latency target": the price per million tokens at ``looser_x`` times the tightest TPOT
+    target met (``here``, a ``cheapest_at_targets`` frame of ``runs``) against the price at that target: one of
+    ``PRICE_CHOICES`` (about the same within ``noise_rel``), and the numbers with the reason."""
+    met = here.dropna(subset=["usd_per_million_tokens"]).sort_values("target_tpot_ms")
+    if not len(met):
+        return "about the same", "no run met any target: nothing to compare"
+    tight = met.iloc[0]
+    looser = cheapest_at_targets(runs, [looser_x * tight.target_tpot_ms]).iloc[0]
+    outcome = ratio_outcome(tight.usd_per_million_tokens, looser.usd_per_million_tokens, noise_rel, PRICE_CHOICES)
+    numbers = (f"{tight.usd_per_million_tokens:.3g} USD/M at <= {tight.target_tpot_ms:g} ms (c={tight.concurrency:g}), "
+               f"{looser.usd_per_million_tokens:.3g} at <= {looser.target_tpot_ms:g} ms (c={looser.concurrency:g})")
+    if looser.concurrency > tight.concurrency and outcome == "cheaper":
+        why = ("a looser target lets a bigger batch through, and the hour's price is spread over the more tokens/s it "
+               "makes")
+    elif looser.concurrency > tight.concurrency:
+        why = "a looser target lets a bigger batch through, but here it made no cheaper token beyond the noise"
+    else:
+        why = "the run cheapest at the tight target is still the cheapest at the looser one: the same batch meets both"
+    return outcome, f"{numbers}: {why}"
