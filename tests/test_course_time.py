@@ -148,13 +148,18 @@ def test_the_clock_counts_code_slower_than_prose_and_prices_exercises_prediction
 def test_a_restart_is_priced_at_the_rooms_time_storm_flags_or_back():
     prices = clock.price_restarts(["model org/base -> org/big, served name org/base -> org/big",
                                    "model org/big -> org/base", "--max-num-seqs 8 added", "--max-num-seqs 8 removed",
-                                   '--speculative-config {"model": "org/draft"} added', "model org/base -> org/big"],
+                                   '--speculative-config {"model": "org/draft"} added', "model org/base -> org/big",
+                                   "model org/big -> org/base, --kv-cache-dtype fp8 added"],
                                   "org/base", BYTES)
-    assert [p.kind for p in prices] == ["storm", "back", "flags", "back", "storm", "back"]
+    assert [p.kind for p in prices] == ["storm", "back", "flags", "back", "storm", "back", "flags"]
     storm = 30 * 60 * 2**30 / (1200 * 2**20) + GPU_START_S["cold"]
     assert prices[0].seconds == pytest.approx(storm, abs=0.1) and prices[4].seconds < prices[0].seconds
     assert prices[1].seconds == pytest.approx(GPU_START_S["warm"], abs=0.1)
     assert prices[2].seconds == pytest.approx(GPU_START_S["cold"], abs=0.1)
+    # a flag change taken back is a configuration already started (warm), as is the way back to the baseline model
+    flags = clock.price_restarts(["--max-num-seqs 32 -> 4", "--max-num-seqs 4 -> 32", "--gpu-memory-utilization 0.90 -> "
+                                  "0.95 (kubectl apply)", "--gpu-memory-utilization 0.95 -> 0.90"], "org/base", BYTES)
+    assert [p.kind for p in flags] == ["flags", "back", "flags", "back"]
     # the same model read again later in the day is in the page cache: no second storm
     assert prices[5].seconds == pytest.approx(GPU_START_S["warm"], abs=0.1)
 

@@ -130,9 +130,11 @@ def price_restart(change: str, read_today: set[str], seen_changes: set[str],
     parts = change.split(", ")
     after = " ".join(part.split("->", 1)[1] if "->" in part else part for part in parts if not part.endswith(" removed"))
     new = [m for m in dict.fromkeys(_MODEL_ID.findall(after)) if m not in read_today and model_bytes(m)]
-    # back: a rollback, a switch back to a model read today, or only flags taken away (towards the baseline)
-    back = (change.startswith("back to") or any(f"-> {m}" in change for m in read_today)
-            or all(part.endswith(" removed") for part in parts))
+    # back: a rollback, or a switch back to a model read today or flags taken away (towards the baseline) with no
+    # flag added or changed (a new flag set compiles again)
+    new_flags = [part for part in parts if part.startswith("--") and not part.endswith(" removed")]
+    back = change.startswith("back to") or (not new_flags and (any(f"-> {m}" in change for m in read_today)
+                                                               or all(part.endswith(" removed") for part in parts)))
     if new:
         read_today.update(new)
         total = sum(model_bytes(m) or 0 for m in new)
@@ -141,12 +143,38 @@ def price_restart(change: str, read_today: set[str], seen_changes: set[str],
         why = (f"{ROOM_SIZE} engines read {', '.join(new)} ({total / 1e9:.1f} GB each) from the export at once: "
                f"{read_s / 60:.1f} min, then a cold start")
         kind = "storm"
-    elif back or change in seen_changes:
+    elif back or change in seen_changes or any(undoes(change, seen) for seen in seen_changes):
         seconds, kind, why = GPU_START_S["warm"], "back", "a configuration started before: weights and compile cache warm"
     else:
         seconds, kind, why = GPU_START_S["cold"], "flags", "the same weights from the page cache; new flags compile again"
     seen_changes.add(change)
     return RestartPrice(change, kind, round(seconds, 1), why)
+
+
+def _parts(change: str) -> dict[str, tuple[str | None, str | None]]:
+    """A change's parts by what they change: ``{"--max-num-seqs": ("32", "4"), "--kv-cache-dtype": ("fp8", None)}``
+    (None: absent; a removed flag's old value is not in the words, so it reads "?")."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for part in re.sub(r" \(kubectl apply\)$", "", change).split(", "):
+        if " -> " in part:
+            head, after = part.split(" -> ", 1)
+            name, _, before = head.partition(" ")
+            out[name] = (before, after)
+        elif part.endswith(" added"):
+            name, _, value = part.removesuffix(" added").partition(" ")
+            out[name] = (None, value or "on")
+        elif part.endswith(" removed"):
+            out[part.removesuffix(" removed").split(" ", 1)[0]] = ("?", None)
+    return out
+
+
+def undoes(change: str, earlier: str) -> bool:
+    """Whether ``change`` takes back what ``earlier`` did, part for part (back to a configuration already started)."""
+    now, then = _parts(change), _parts(earlier)
+    if not now or now.keys() != then.keys():
+        return False
+    return all(now[k][1] == then[k][0] or (now[k][1] is None and then[k][0] is None) or
+               (now[k][0] == "?" and then[k][0] is None) for k in now)
 
 
 def price_restarts(changes: Sequence[str], baseline: str, model_bytes: Callable[[str], int | None]) -> list[RestartPrice]:
