@@ -142,14 +142,30 @@ def test_the_core_path_rule_fails_on_a_last_cell_that_reads_go_deeper():
 
 # ---------------------------------------------------------------- predict, then measure; no answer above its check
 
+def prediction_problems(nb: nbformat.NotebookNode, answers: dict) -> list[str]:
+    """Why a core path does not predict before it measures: no prediction on it (one in Go deeper does not count),
+    or one whose answer is not listed (so nothing checks that no cell above gives it away)."""
+    core = [c for c in checks(nb) if c.core and c.kind == "prediction"]
+    if not core:
+        return ["no prediction on the core path"]
+    return [f"{c.heading!r}: its answer is not in ANSWERS" for c in core if not answers.get(c.heading)]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_the_core_path_predicts_before_it_measures(path):
-    """At least one prediction on the core path, before the closing section, with its answers hidden above it."""
-    nb = _nb(path)
-    core = [c for c in checks(nb) if c.core and c.kind == "prediction"]
-    assert core, f"{path.name}: no prediction on the core path"
-    answers = importlib.import_module(LESSONS[path.stem[:2]]).ANSWERS
-    assert all(answers.get(c.heading) for c in core)
+    """At least one prediction on the core path, with its answers hidden above it (test_no_answer_is_visible_...)."""
+    assert prediction_problems(_nb(path), importlib.import_module(LESSONS[path.stem[:2]]).ANSWERS) == []
+
+
+def test_the_prediction_rule_fails_on_a_core_path_whose_prediction_is_in_go_deeper():
+    nb = _planted(_md("## 1. Measure"), _code("x = measure()"), _md("## Go deeper: more"),
+                  _md("### Exercise 1: guess"), _code("MY_PREDICTION = None\ncheck(MY_PREDICTION)"),
+                  _md("## What we learned"), _code("print(x)"))
+    assert prediction_problems(nb, {"Exercise 1: guess": ("the answer is here",)}) == ["no prediction on the core path"]
+    nb.cells.insert(2, nb.cells.pop(3))  # the prediction's heading and cell move before Go deeper
+    nb.cells.insert(3, nb.cells.pop(4))
+    assert prediction_problems(nb, {}) == ["'Exercise 1: guess': its answer is not in ANSWERS"]
+    assert prediction_problems(nb, {"Exercise 1: guess": ("the answer is here",)}) == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
