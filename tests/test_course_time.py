@@ -94,6 +94,19 @@ def test_cell_seconds_follow_the_injected_parameters_cell_and_flag_cells_of_an_o
     assert (plain.core_s, plain.deeper_s, plain.unmatched) == (2.0, 3.0, 0)
 
 
+def executed_run(tmp_path: Path) -> tuple[Path, float]:
+    """A `workshop run --out` folder holding the synthetic notebook executed, cell 3 (core) in the first 10 s and
+    cell 5 (Go deeper) from 20 to 30 s; and its start, Unix seconds."""
+    run = tmp_path / "run"
+    run.mkdir()
+    executed = synthetic()
+    for index, (start, end) in {3: ("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z"),
+                                5: ("2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z")}.items():
+        executed.cells[index].metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
+    nbformat.write(executed, run / "09_lesson.ipynb")
+    return run, 1767225600.0  # 2026-01-01T00:00:00Z
+
+
 def test_the_latest_local_path_record_is_taken_and_the_cluster_path_is_not(tmp_path):
     for folder, at in (("test_nb09_local", "2026-01-02T00:00:00Z"), ("test_other_local", "2026-01-01T00:00:00Z"),
                        ("test_k8s_path_notebooks", "2026-01-03T00:00:00Z")):
@@ -112,14 +125,7 @@ def test_restart_rows_from_printed_lines_a_log_with_its_executed_notebook_or_a_f
     with pytest.raises(ct.CourseTimeError, match="no `restarts"):
         ct.restart_rows(tmp_path / "empty.txt")
 
-    run = tmp_path / "run"
-    run.mkdir()
-    executed = synthetic()
-    for index, (start, end) in {3: ("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z"),
-                                5: ("2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z")}.items():
-        executed.cells[index].metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
-    nbformat.write(executed, run / "09_lesson.ipynb")
-    t0 = 1767225600.0  # 2026-01-01T00:00:00Z
+    run, t0 = executed_run(tmp_path)
     record(run / "09_lesson.restarts.jsonl", Restart(t0 + 5, "--max-num-seqs 8", 30.0, "ready"))   # in cell 3: core
     record(run / "09_lesson.restarts.jsonl", Restart(t0 + 25, "--max-num-seqs 64", 30.0, "ready"))  # cell 5: deeper
     assert ct.restart_rows(run) == {"09_lesson": RestartRow("09_lesson", 1, 2, 60.0)}
@@ -178,14 +184,7 @@ def test_both_columns_and_what_was_not_measured():
 
 
 def test_restart_changes_come_from_the_core_path_of_a_k8s_run(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    executed = synthetic()
-    for index, (start, end) in {3: ("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z"),
-                                5: ("2026-01-01T00:00:20Z", "2026-01-01T00:00:30Z")}.items():
-        executed.cells[index].metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
-    nbformat.write(executed, run / "09_lesson.ipynb")
-    t0 = 1767225600.0  # 2026-01-01T00:00:00Z
+    run, t0 = executed_run(tmp_path)
     record(run / "09_lesson.restarts.jsonl", Restart(t0 + 5, "--max-num-seqs 8 added", 30.0, "ready"))  # core
     record(run / "09_lesson.restarts.jsonl", Restart(t0 + 25, "--max-num-seqs 64", 30.0, "ready"))  # deeper
     assert ct.restart_changes(run) == {"09_lesson": ["--max-num-seqs 8 added"]}
