@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.core.restarts import GPU_START_S, Restart, RestartRow, record
+from helpers.core.restarts import GPU_START_S, Restart, record
 from helpers.lab import clock, day
 from helpers.lab import course_time as ct
 
@@ -114,26 +114,6 @@ def test_the_latest_local_path_record_is_taken_and_the_cluster_path_is_not(tmp_p
         (tmp_path / folder / "09_lesson.json").write_text(json.dumps(cells_record(folder, "", [(3, 1.0, "x")], at)))
     assert ct.cells_record(tmp_path, "09_lesson")["test"] == "test_nb09_local"
     assert ct.cells_record(tmp_path, "10_missing") is None
-
-
-def test_restart_rows_from_printed_lines_a_log_with_its_executed_notebook_or_a_folder(tmp_path):
-    text = tmp_path / "k8s.txt"
-    text.write_text("ok ...\n" + RestartRow("05_quantization (400 s here)", 3, 4, 120.0).encode() + "\n"
-                    + RestartRow("05_quantization", 2, 2, 60.0).encode() + "\nnoise\n")
-    assert ct.restart_rows(text) == {"05_quantization": RestartRow("05_quantization", 3, 4, 120.0)}
-    (tmp_path / "empty.txt").write_text("no rows\n")
-    with pytest.raises(ct.CourseTimeError, match="no `restarts"):
-        ct.restart_rows(tmp_path / "empty.txt")
-
-    run, t0 = executed_run(tmp_path)
-    record(run / "09_lesson.restarts.jsonl", Restart(t0 + 5, "--max-num-seqs 8", 30.0, "ready"))   # in cell 3: core
-    record(run / "09_lesson.restarts.jsonl", Restart(t0 + 25, "--max-num-seqs 64", 30.0, "ready"))  # cell 5: deeper
-    assert ct.restart_rows(run) == {"09_lesson": RestartRow("09_lesson", 1, 2, 60.0)}
-    (run / "09_lesson.ipynb").unlink()
-    with pytest.raises(ct.CourseTimeError, match="executed 09_lesson.ipynb is not beside it"):
-        ct.restart_rows(run / "09_lesson.restarts.jsonl")
-    with pytest.raises(ct.CourseTimeError, match="no such restart record"):
-        ct.restart_rows(tmp_path / "nowhere.txt")
 
 
 BYTES = {"org/base": 8 * 2**30, "org/big": 60 * 2**30, "org/draft": 1 * 2**30}.get

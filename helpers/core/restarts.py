@@ -81,16 +81,19 @@ def in_core_path(section: str, sections: Sequence[str]) -> bool:
     return sections.index(section) < deeper
 
 
-def count(notebook: str, restarts: Iterable[Restart], cells: Sequence[tuple[str, float, float]]) -> RestartRow:
-    """A notebook's row: ``cells`` are (section, start, end) of each executed cell (Unix time, s); a restart counts
-    on the core path when the cell it started in lies before the first "Go deeper" section."""
+def core_restarts(restarts: Iterable[Restart], cells: Sequence[tuple[str, float, float]]) -> list[Restart]:
+    """The restarts on the core path: ``cells`` are (section, start, end) of each executed cell (Unix time, s); a
+    restart is on it when the cell it started in lies before the first "Go deeper" section."""
     sections = list(dict.fromkeys(section for section, _, _ in cells))
+    return [r for r in restarts
+            if in_core_path(next((s for s, start, end in cells if start <= r.started <= end), ""), sections)]
+
+
+def count(notebook: str, restarts: Iterable[Restart], cells: Sequence[tuple[str, float, float]]) -> RestartRow:
+    """A notebook's row: its restarts on the core path (``core_restarts``) and in all, and their seconds here."""
     restarts = list(restarts)
-    core = 0
-    for r in restarts:
-        section = next((s for s, start, end in cells if start <= r.started <= end), "")
-        core += in_core_path(section, sections)
-    return RestartRow(notebook, core, len(restarts), round(sum(r.seconds for r in restarts), 1))
+    return RestartRow(notebook, len(core_restarts(restarts, cells)), len(restarts),
+                      round(sum(r.seconds for r in restarts), 1))
 
 
 def decode_rows(text: str) -> list[RestartRow]:

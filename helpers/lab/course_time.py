@@ -29,7 +29,7 @@ import nbformat
 
 from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
-from helpers.core.restarts import GO_DEEPER, RestartRow, count, decode_rows, read_restarts
+from helpers.core.restarts import GO_DEEPER, core_restarts, read_restarts
 from helpers.lab import clock
 from helpers.lab.notebooks import CorePathError, core_cells
 
@@ -189,48 +189,10 @@ def executed_records(folder: Path, sources: Sequence[Path], run: str) -> dict[st
 
 # ---------------------------------------------------------------- restarts, from a k8s-path run
 
-def _stem(name: str) -> str:
-    """``"03_prefill (412 s here)"`` or ``"03_prefill.ipynb"`` -> ``"03_prefill"`` (the k8s-path test's names)."""
-    return name.split(" (", 1)[0].removesuffix(".ipynb")
-
-
-def restart_rows(path: Path) -> dict[str, RestartRow]:
-    """Restart rows by notebook from a k8s-path run: a text holding ``restarts {...}`` lines (``workshop run``'s or
-    the rehearsal's output), a restart log ``NAME.restarts.jsonl`` (its core count from the executed ``NAME.ipynb``
-    beside it), or a ``workshop run --out`` folder of both. The most restarts when a notebook appears twice."""
-    path = Path(path)
-    if path.is_dir():
-        rows = [row for log in sorted(path.glob("*.restarts.jsonl")) for row in restart_rows(log).values()]
-    elif path.name.endswith(".restarts.jsonl"):
-        stem = path.name.removesuffix(".restarts.jsonl")
-        executed = path.with_name(f"{stem}.ipynb")
-        if not executed.is_file():
-            raise CourseTimeError(f"{path.name}: the executed {stem}.ipynb is not beside it, so its restarts cannot be "
-                                  "placed on the core path; give the `workshop run --out` folder that holds both")
-        from helpers.lab.restarts import cell_windows
-
-        rows = [count(stem, read_restarts(path), cell_windows(nbformat.read(executed, as_version=4)))]
-    elif path.is_file():
-        rows = decode_rows(path.read_text())
-        if not rows:
-            raise CourseTimeError(f"{path.name} holds no `restarts {{...}}` line: give the output of `workshop run` on "
-                                  "the k8s profile, or its --out folder")
-    else:
-        raise CourseTimeError(f"no such restart record: {path}")
-    out: dict[str, RestartRow] = {}
-    for row in rows:
-        name = _stem(row.notebook)
-        old = out.get(name)
-        if old is None or (row.total, row.core) > (old.total, old.core):
-            out[name] = RestartRow(name, row.core, row.total, row.seconds_here)
-    return out
-
-
 def restart_changes(path: Path) -> dict[str, list[str]]:
     """The core path's restarts of each notebook, as their changes in order (``describe_change``'s words), from a
     ``workshop run --out`` folder of the k8s profile (``NAME.restarts.jsonl`` beside the executed ``NAME.ipynb``): a
     restart counts when it started in a core-path cell. {} for a folder with no log."""
-    from helpers.core.restarts import in_core_path
     from helpers.lab.restarts import cell_windows
 
     out: dict[str, list[str]] = {}
@@ -242,9 +204,7 @@ def restart_changes(path: Path) -> dict[str, list[str]]:
             raise CourseTimeError(f"{log.name}: the executed {stem}.ipynb is not beside it, so its restarts cannot be "
                                   "placed on the core path; give the `workshop run --out` folder that holds both")
         cells = cell_windows(nbformat.read(executed, as_version=4))
-        sections = list(dict.fromkeys(section for section, _, _ in cells))
-        out[stem] = [r.change for r in read_restarts(log)
-                     if in_core_path(next((s for s, a, b in cells if a <= r.started <= b), ""), sections)]
+        out[stem] = [r.change for r in core_restarts(read_restarts(log), cells)]
     return out
 
 
