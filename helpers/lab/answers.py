@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import nbformat
 
-from helpers.lab.course_time import core_cells
+from helpers.lab.notebooks import PREDICTION, core_cells
 
 ANSWER_MIN_WORDS = 3  # a phrase of fewer words must hold a number to count as an answer
 _HEADING = re.compile(r"^(#{1,4}) +(.+)$")
-_PREDICTION = re.compile(r"^MY_PREDICTION\s*=", re.M)
 _MARKUP = re.compile(r"[*_`]")
 
 
@@ -66,7 +65,7 @@ def checks(nb: nbformat.NotebookNode) -> list[Check]:
         if cell.cell_type != "code" or current is None:
             continue
         tags = cell.get("metadata", {}).get("tags", [])
-        kind = "exercise" if "exercise" in tags else "prediction" if _PREDICTION.search(cell.source) else None
+        kind = "exercise" if "exercise" in tags else "prediction" if PREDICTION.search(cell.source) else None
         if kind and current[1] not in found:
             found[current[1]] = Check(current[0], current[1], kind, flags[index])
     return list(found.values())

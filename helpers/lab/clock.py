@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import nbformat
 
 from helpers.core.restarts import GPU_START_S, GPU_START_SOURCE
+from helpers.lab.notebooks import PREDICTION
 
 # ---------------------------------------------------------------- the rules, each with its source
 
@@ -39,7 +40,6 @@ RULES = (f"prose at {PROSE_WPM} words a minute (Brysbaert 2019: 238 for non-fict
          f"at {CODE_WPM} (an assumption: half the prose rate); {CELL_S} s per code cell beyond its compute; "
          f"{EXERCISE_MIN} min per code exercise and {PREDICTION_MIN} min per prediction (assumptions)")
 
-_PREDICTION = re.compile(r"^MY_PREDICTION\s*=", re.M)
 # what course-time --write generates from the record is not counted in it: the Time line and start_here's day table
 _GENERATED = re.compile(r"^\*\*Time:\*\*[^\n]*|<!-- day: generated.*?<!-- day: end -->", re.M | re.S)
 _WORD = re.compile(r"\S*\w\S*")  # as course_time.words: a whitespace-separated token with a letter or digit
@@ -101,7 +101,7 @@ def core_work(nb: nbformat.NotebookNode, core: Sequence[bool]) -> CoreWork:
         code += _words(cell.source)
         cells += 1
         exercises += "exercise" in tags
-        predictions += bool(_PREDICTION.search(cell.source))
+        predictions += bool(PREDICTION.search(cell.source))
     return CoreWork(prose, code, cells, exercises, predictions)
 
 

@@ -31,7 +31,7 @@ from helpers.core import kit_paths
 from helpers.core.errors import WorkshopError
 from helpers.core.restarts import GO_DEEPER, core_restarts, read_restarts
 from helpers.lab import clock
-from helpers.lab.notebooks import CorePathError, core_cells
+from helpers.lab.notebooks import CorePathError, core_cells, python_source
 
 RECORD_NAME = "course_time.json"  # beside the notebooks
 CELLS_DIR = kit_paths.work_root() / "build" / "notebook-cells"  # tests/timetable.py writes it
@@ -67,9 +67,8 @@ def only_helper_calls(source: str) -> bool:
     """Is a code cell only a helper call: no arithmetic, branch or loop (``_WORK``) outside the arguments of
     ``SHOWN_CALLS`` (issue 27's measure)? IPython's ``%`` and ``!`` lines are left out; a cell Python cannot parse
     counts as doing work."""
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
     try:
-        tree = ast.parse(code)
+        tree = ast.parse(python_source(source))
     except SyntaxError:
         return False
     todo: list[ast.AST] = [tree]

@@ -428,7 +428,10 @@ def check_parameters(pairs: list[str], notebooks: dict[str, nbformat.NotebookNod
     return out
 
 
-def _code(source: str) -> str:
+PREDICTION = re.compile(r"^MY_PREDICTION\s*=", re.M)  # a code cell that asks for the attendee's prediction
+
+
+def python_source(source: str) -> str:
     """A code cell's Python: IPython's ``%`` and ``!`` lines left out."""
     return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
 
@@ -464,7 +467,7 @@ def undefined_names(nb: nbformat.NotebookNode) -> list[str]:
         if cell.cell_type != "code":
             continue
         try:
-            tree = ast.parse(_code(cell.source))
+            tree = ast.parse(python_source(cell.source))
         except SyntaxError as err:
             problems.append(f"cell {index}: does not parse ({err.msg})")
             continue
