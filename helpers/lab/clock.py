@@ -183,6 +183,14 @@ def price_restarts(changes: Sequence[str], baseline: str, model_bytes: Callable[
     return [price_restart(change, read_today, seen, model_bytes) for change in changes]
 
 
+KINDS = ("storm", "flags", "back")
+
+
+def kinds_words(kinds: Sequence[str]) -> str:
+    """``"1 storm, 1 back"``: how many restarts of each kind, in KINDS' order."""
+    return ", ".join(f"{kinds.count(k)} {k}" for k in KINDS if k in kinds)
+
+
 RESTART_SOURCE = (f"storm: {ROOM_SIZE} x the model's bytes / {EXPORT_MIB_S:,} MiB/s ({EXPORT_SOURCE}) + a cold start; "
                   f"flags: a cold start ({GPU_START_S['cold']:.0f} s); back: a warm start ({GPU_START_S['warm']:.0f} s); "
                   f"starts from {GPU_START_SOURCE}")
@@ -195,22 +203,22 @@ class Columns:
     """One notebook's minutes in both columns, with the parts and the sources of the estimates."""
 
     person_min: float
-    self_run_min: float | None  # measured on the CPU path
-    workshop_run_min: float | None  # an estimate
+    run_min: float | None  # the CPU path's core run, measured; the workshop's compute is estimated by it
     restarts: tuple[RestartPrice, ...] | None  # None: not measured
     restart_min: float | None
 
     @property
     def self_study_min(self) -> float | None:
         """The self-study column: a person's minutes and the CPU run (its own engine starts included)."""
-        return None if self.self_run_min is None else round(self.person_min + self.self_run_min, 1)
+        return None if self.run_min is None else round(self.person_min + self.run_min, 1)
 
     @property
     def workshop_min(self) -> float | None:
-        """The workshop column: a person's minutes, the estimated compute and the room's restarts."""
-        if self.workshop_run_min is None or self.restart_min is None:
+        """The workshop column: a person's minutes, the compute (estimated by the CPU run: WORKSHOP_RUN_SOURCE) and
+        the room's restarts."""
+        if self.run_min is None or self.restart_min is None:
             return None
-        return round(self.person_min + self.workshop_run_min + self.restart_min, 1)
+        return round(self.person_min + self.run_min + self.restart_min, 1)
 
 
 WORKSHOP_RUN_SOURCE = ("ESTIMATE, not measured (no GPU here): the CPU path's measured compute of the same cells stands "
@@ -222,5 +230,4 @@ def columns(work: CoreWork, self_run_s: float | None, restarts: Sequence[Restart
     run_min = None if self_run_s is None else self_run_s / 60
     restart_min = None if restarts is None else sum(r.seconds for r in restarts) / 60
     return Columns(round(work.person_min, 1), None if run_min is None else round(run_min, 1),
-                   None if run_min is None else round(run_min, 1), None if restarts is None else tuple(restarts),
-                   None if restart_min is None else round(restart_min, 1))
+                   None if restarts is None else tuple(restarts), None if restart_min is None else round(restart_min, 1))

@@ -300,7 +300,7 @@ def _restart_words(row: CourseTime) -> str:
     if row.restarts is None:
         return "not measured"
     kinds = [r["kind"] for r in row.restarts]
-    return f"{len(kinds)}" + (f" ({', '.join(f'{kinds.count(k)} {k}' for k in ('storm', 'flags', 'back') if k in kinds)})"
+    return f"{len(kinds)}" + (f" ({clock.kinds_words(kinds)})"
                               if kinds else "")
 
 
@@ -369,7 +369,7 @@ def time_line(entry: dict[str, Any], record: dict[str, Any]) -> str:
     else:
         kinds = [r["kind"] for r in restarts]
         room = (f"{len(kinds)} engine restart{'' if len(kinds) == 1 else 's'} "
-                f"({', '.join(f'{kinds.count(k)} {k}' for k in ('storm', 'flags', 'back') if k in kinds)}) at the "
+                f"({clock.kinds_words(kinds)}) at the "
                 f"room's time, {entry['restart_min']:.1f} min")
     run = ("the CPU run not measured" if entry["run_s"] is None else
            f"{entry['run_s'] / 60:.1f} min running on a {_machine_words(record['machine'])}")
